@@ -1,0 +1,241 @@
+"""``toolkit`` command line: list, apply-patch, revert, status, check. ``--json`` everywhere.
+
+Exit codes: 0 ok, 1 failure, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from toolkit import __version__
+from toolkit import engine as _engine
+from toolkit.api import resolve_engines
+from toolkit.discovery import InstalledEngine
+from toolkit.errors import DriftError, PatchError, UsageError
+from toolkit.sources import load_source
+
+STATE_STYLE = {"applied": "green", "not applied": "dim", "partial": "yellow", "drifted": "red"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one sentence and what to do next, exit 2
+        self.print_usage(sys.stderr)
+        self.exit(2, f"toolkit: error: {message} (see `toolkit {self.prog.split()[-1]} --help`)\n")
+
+
+def _add_common(parser: argparse.ArgumentParser, *, engine: bool = True, python: bool = True) -> None:
+    if engine:
+        parser.add_argument("engine", nargs="?", choices=("vllm", "sglang"), help="engine (default: every installed one)")
+    if python:
+        parser.add_argument("--python", metavar="PATH", help="the engine's interpreter (default: this one)")
+    parser.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="toolkit", description="Patch installed vLLM and SGLang engines with versioned codemods.")
+    parser.add_argument("--version", action="version", version=f"toolkit {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("list", help="list the patches this toolkit ships")
+    _add_common(p, python=False)
+
+    p = sub.add_parser("apply-patch", help="apply patches to an installed engine")
+    _add_common(p)
+    p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
+    p.add_argument("--dry-run", action="store_true", help="write nothing")
+    p.add_argument("--diff", action="store_true", help="show unified diffs")
+    p.add_argument("--allow-unknown-version", action="store_true", help="try an engine version outside a patch's specifier")
+    p.add_argument("--lock-timeout", type=float, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+
+    p = sub.add_parser("revert", help="restore the engine's original files byte-for-byte")
+    _add_common(p)
+    p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
+    p.add_argument("--force", action="store_true", help="also overwrite files changed since they were patched")
+    p.add_argument("--dry-run", action="store_true", help="write nothing")
+    p.add_argument("--diff", action="store_true", help="show unified diffs")
+    p.add_argument("--lock-timeout", type=float, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+
+    p = sub.add_parser("status", help="which patches are applied, per engine")
+    _add_common(p)
+
+    p = sub.add_parser("check", help="would each patch apply to a source tree or wheel (porting tool)")
+    p.add_argument("--source", required=True, metavar="PATH", help="a .whl file or an unpacked tree")
+    p.add_argument("--patch", action="append", dest="patches", metavar="ID")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    return parser
+
+
+def _engine_json(installed: InstalledEngine) -> dict[str, Any]:
+    return {
+        "engine": installed.engine,
+        "distribution": installed.distribution,
+        "version": installed.version,
+        "package_dir": installed.package_dir,
+    }
+
+
+def _engines(args: argparse.Namespace) -> list[InstalledEngine]:
+    engines = resolve_engines(args.engine, getattr(args, "patches", None), args.python)
+    if not engines:
+        where = args.python or sys.executable
+        what = args.engine or "vLLM or SGLang"
+        raise UsageError(f"{what} is not installed for {where}; install it or pass --python PATH")
+    return engines
+
+
+def cmd_list(args: argparse.Namespace, console: Console) -> int:
+    patches = [p for p in _engine.registry() if args.engine in (None, p.engine)]
+    if args.json:
+        print(json.dumps([{"id": p.id, "engine": p.engine, "versions": list(p.versions), "summary": p.summary,
+                           "files": [f.relpath for f in p.files], "runtime_modules": list(p.runtime_modules)}
+                          for p in patches], indent=2))
+        return 0
+    table = Table(title="toolkit patches")
+    for column in ("patch", "engine", "versions", "files", "summary"):
+        table.add_column(column)
+    for p in patches:
+        table.add_row(p.id, p.engine, p.versions_text, "\n".join(f.relpath for f in p.files), p.summary)
+    console.print(table)
+    return 0
+
+
+def _ids_for(installed: InstalledEngine, patches: Sequence[str] | None) -> list[str] | None:
+    if not patches:
+        return None
+    return [pid for pid in patches if any(p.id == pid and p.engine == installed.engine for p in _engine.registry())]
+
+
+def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
+    reverting = args.command == "revert"
+    rows = []
+    for installed in _engines(args):
+        ids = _ids_for(installed, args.patches)
+        with console.status(f"{'reverting' if reverting else 'patching'} {installed.engine} {installed.version}...",
+                            spinner="dots") if not args.json else _null():
+            if reverting:
+                result = _engine.revert(installed, ids, force=args.force, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
+            else:
+                result = _engine.apply(installed, ids, dry_run=args.dry_run,
+                                       allow_unknown_version=args.allow_unknown_version, lock_timeout=args.lock_timeout)
+        rows.append((installed, result))
+    if args.json:
+        out = []
+        for installed, result in rows:
+            entry = {**_engine_json(installed), "applied_patches": result.patches, "changed_files": result.changed_files,
+                     "dry_run": result.dry_run, "unchanged": not result.changed}
+            if args.diff:
+                entry["diff"] = result.diff()
+            out.append(entry)
+        print(json.dumps({"ok": True, "engines": out}, indent=2))
+        return 0
+    for installed, result in rows:
+        name = f"{installed.distribution} {installed.version}"
+        if args.diff and result.changed:
+            console.print(result.diff(), markup=False, highlight=False, soft_wrap=True)
+        verb = "would change" if result.dry_run else "changed"
+        if not result.changed:
+            if reverting:
+                console.print(f"{name}: nothing to revert (applied: {', '.join(result.patches) or 'none'})")
+            else:
+                console.print(f"{name}: already applied ({', '.join(result.patches)})")
+        else:
+            console.print(f"{name}: {verb} {len(result.changed)} file(s); applied now: "
+                          f"{', '.join(result.patches) or 'none'}")
+            for relpath in result.changed_files:
+                console.print(f"  {relpath}", markup=False)
+    return 0
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    rows = [row for installed in _engines(args) for row in _engine.status(installed)]
+    if args.json:
+        print(json.dumps([asdict(row) for row in rows], indent=2))
+    else:
+        table = Table(title="toolkit status")
+        for column in ("engine", "version", "patch", "state", "detail"):
+            table.add_column(column)
+        for row in rows:
+            supported = "" if row.supported else " (version not supported)"
+            style = STATE_STYLE.get(row.state, "")
+            table.add_row(row.engine, f"{row.distribution} {row.engine_version}", row.patch_id,
+                          f"[{style}]{row.state}[/{style}]", row.detail + supported)
+        console.print(table)
+    return 0 if all(row.state in ("applied", "not applied") for row in rows) else 1
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    source = load_source(args.source)
+    checks = _engine.check_source(source, args.patches)
+    if args.json:
+        print(json.dumps({
+            "source": str(source.origin), "engine": source.engine, "distribution": source.distribution,
+            "version": source.version, "ok": all(c.ok for c in checks),
+            "patches": [{"patch": c.patch_id, "supported_version": c.supported, "ok": c.ok, "errors": c.errors,
+                         "anchors": [asdict(a) for a in c.anchors]} for c in checks],
+        }, indent=2))
+    else:
+        table = Table(title=f"{source.distribution} {source.version}: {source.origin}")
+        for column in ("patch", "file", "anchor", "result"):
+            table.add_column(column)
+        for check in checks:
+            for anchor in check.anchors:
+                result = "[green]found[/green]" if anchor.ok else f"[red]{anchor.problem}[/red]"
+                table.add_row(check.patch_id, anchor.relpath, f"{anchor.anchor}: {anchor.description}", result)
+            for error in check.errors:
+                table.add_row(check.patch_id, "", "", f"[red]{error}[/red]")
+        console.print(table)
+        for check in checks:
+            verdict = "[green]would apply[/green]" if check.ok else "[red]would NOT apply[/red]"
+            note = "" if check.supported else " (version outside its specifier: needs --allow-unknown-version)"
+            console.print(f"{check.patch_id}: {verdict}{note}")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+COMMANDS = {"list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
+            "status": cmd_status, "check": cmd_check}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=False)
+    errors = Console(stderr=True)
+    try:
+        return COMMANDS[args.command](args, console)
+    except UsageError as exc:
+        _report(args, errors, exc, "usage")
+        return 2
+    except PatchError as exc:
+        _report(args, errors, exc, "drift" if isinstance(exc, DriftError) else "error")
+        return 1
+    except KeyboardInterrupt:
+        errors.print("interrupted")
+        return 130
+
+
+def _report(args: argparse.Namespace, errors: Console, exc: Exception, kind: str) -> None:
+    if getattr(args, "json", False):
+        payload: dict[str, Any] = {"ok": False, "error": str(exc), "kind": kind}
+        if isinstance(exc, DriftError):
+            payload["files"] = exc.files
+        print(json.dumps(payload, indent=2))
+    else:
+        errors.print(f"[red]toolkit: {exc}[/red]", highlight=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

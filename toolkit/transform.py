@@ -1,0 +1,63 @@
+"""Run a patch's transformers over source text in memory; nothing here touches the disk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import libcst as cst
+
+from toolkit.codemod import AnchorResult, FileEdit, Patch, PatchContext
+from toolkit.errors import AnchorError, PatchError
+
+
+@dataclass(frozen=True)
+class FileTransform:
+    patch_id: str
+    relpath: str
+    before: str
+    after: str
+    anchors: list[tuple[str, AnchorResult]]  # (transformer name, result)
+
+    @property
+    def ok(self) -> bool:
+        return all(result.ok for _, result in self.anchors)
+
+
+def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: str) -> FileTransform:
+    """Apply every transformer of ``edit`` in order and record each anchor; never raises on anchors."""
+    context = PatchContext(patch.id, patch.engine, engine_version, edit.relpath)
+    try:
+        module = cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise PatchError(
+            f"patch {patch.id}: cannot parse {edit.relpath} ({patch.engine} {engine_version}): {exc}"
+        ) from exc
+    anchors: list[tuple[str, AnchorResult]] = []
+    for make_transformer in edit.transformers:
+        transformer = make_transformer(context)
+        module = module.visit(transformer)
+        anchors.extend((type(transformer).__name__, result) for result in transformer.anchor_report())
+    return FileTransform(patch.id, edit.relpath, source, module.code, anchors)
+
+
+def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version: str) -> FileTransform:
+    """Like :func:`run_transformers`, but a missing anchor or a result that does not compile raises."""
+    result = run_transformers(patch, edit, source, engine_version)
+    for transformer_name, anchor in result.anchors:
+        if not anchor.ok:
+            raise AnchorError(
+                patch_id=patch.id,
+                relpath=edit.relpath,
+                anchor=f"{anchor.name} ({anchor.description}) in {transformer_name}",
+                engine=patch.engine,
+                engine_version=engine_version,
+                problem=anchor.problem,
+            )
+    try:
+        compile(result.after, edit.relpath, "exec")
+    except SyntaxError as exc:
+        raise PatchError(
+            f"patch {patch.id}: the patched {edit.relpath} does not compile "
+            f"({patch.engine} {engine_version}): {exc}"
+        ) from exc
+    return result
