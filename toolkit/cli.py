@@ -1,4 +1,4 @@
-"""``toolkit`` command line: list, apply-patch, revert, status, check. ``--json`` everywhere.
+"""``toolkit`` command line: list, apply-patch, revert, status, check, verify. ``--json`` everywhere.
 
 Exit codes: 0 ok, 1 failure, 2 usage error.
 """
@@ -64,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="which patches are applied, per engine")
     _add_common(p)
+
+    p = sub.add_parser("verify", help="launch a real server and check the token-id contract")
+    p.add_argument("--model", required=True, metavar="PATH_OR_NAME")
+    p.add_argument("--engine", choices=("vllm", "sglang"), help="default: the one installed")
+    p.add_argument("--python", metavar="PATH", help="the engine's interpreter (default: this one)")
+    p.add_argument("--server-arg", action="append", dest="server_args", default=[], metavar="ARG",
+                   help="extra server argument, repeatable; write --server-arg=--flag for flags")
+    p.add_argument("--url", help="verify an already-running server instead of launching one")
+    p.add_argument("--checks", help="comma-separated check names (default: all)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="server start-up limit")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
 
     p = sub.add_parser("check", help="would each patch apply to a source tree or wheel (porting tool)")
     p.add_argument("--source", required=True, metavar="PATH", help="a .whl file or an unpacked tree")
@@ -206,7 +217,63 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-COMMANDS = {"list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    from verify.checks import CHECKS
+    from verify.run import verify
+
+    names = [n.strip() for n in args.checks.split(",") if n.strip()] if args.checks else None
+    known = {c.name for c in CHECKS}
+    if names and not set(names) <= known:
+        raise UsageError(f"unknown check(s): {', '.join(sorted(set(names) - known))} (known: {', '.join(sorted(known))})")
+    status_line = None if args.json else console.status("verify: preparing", spinner="dots")
+    if status_line:
+        status_line.start()
+
+    def phase(message: str) -> None:
+        if status_line:
+            status_line.update(f"verify: {message}")
+
+    def result(row) -> None:
+        if status_line:
+            console.print(f"  {row.name}: {row.status}", highlight=False)
+
+    try:
+        report = verify(args.model, engine=args.engine, python=args.python, server_args=args.server_args,
+                        url=args.url, checks=names, timeout=args.timeout, on_phase=phase, on_result=result)
+    finally:
+        if status_line:
+            status_line.stop()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0 if report.ok else 1
+    table = Table(title=f"toolkit verify: {report.engine} {report.engine_version}, {report.model}")
+    for column in ("check", "result", "detail"):
+        table.add_column(column)
+    style = {"pass": "green", "fail": "red", "error": "red", "skip": "dim"}
+    for row in report.results:
+        table.add_row(row.name, f"[{style[row.status]}]{row.status}[/{style[row.status]}]", row.detail)
+    console.print(table)
+    for row in report.results:
+        if row.evidence:
+            console.print(f"[red]{row.name}[/red] evidence:", highlight=False)
+            for key, value in row.evidence.items():
+                console.print(f"  {key}: {value}", markup=False, highlight=False)
+    if report.apply_first:
+        console.print(f"[yellow]apply these patches first:[/yellow] toolkit apply-patch {report.engine} "
+                      + " ".join(f"--patch {p}" for p in report.apply_first), highlight=False)
+    if report.error:
+        console.print(f"[red]{report.error}[/red]", highlight=False)
+    if report.log_tail:
+        console.print("server log (last lines):", highlight=False)
+        console.print(report.log_tail, markup=False, highlight=False)
+    timing = f" in {report.seconds:.0f}s" + (f" (start-up {report.startup_seconds:.0f}s)" if report.launched else "")
+    colour = "green" if report.ok else "red"
+    console.print(f"verdict: [{colour}]{report.verdict}[/{colour}] ({len(report.ran)} checks ran){timing}",
+                  highlight=False)
+    return 0 if report.ok else 1
+
+
+COMMANDS = {"verify": cmd_verify, "list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
             "status": cmd_status, "check": cmd_check}
 
 

