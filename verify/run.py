@@ -129,12 +129,12 @@ def verify(
         server_args = list(server_args)
         if "--tool-call-parser" not in " ".join(server_args):
             server_args += DEFAULT_TOOL_ARGS[engine_name]
-        server = EngineServer(engine_name, installed.python, model, server_args=server_args, env=env,
+        # The interpreter the user named (a venv's bin/python), not the one it resolves to.
+        server = EngineServer(engine_name, python or installed.python, model, server_args=server_args, env=env,
                               timeout=timeout, cpu=cpu)
         report.launched = True
         try:
             with server:
-                report.server_temp_dir = str(server.tmp_dir)
                 report.startup_seconds = time.monotonic() - started
                 say(f"server healthy at {server.base_url} after {report.startup_seconds:.0f}s; running checks")
                 try:
@@ -147,6 +147,7 @@ def verify(
             report.log_tail = exc.log_tail
         finally:
             report.server_pids = sorted(server.seen_pids)
+            report.server_temp_dir = str(server.tmp_dir or "")
     report.seconds = time.monotonic() - started
     return report
 
