@@ -13,6 +13,7 @@ from toolkit.codemod import Patch
 # Module paths of patch packages; each exposes ``PATCH``.
 PATCH_MODULES: tuple[str, ...] = (
     "patches.sglang.token_ids",
+    "patches.vllm.responses_stream",
 )
 
 

@@ -220,6 +220,9 @@ class Builder:
 
     def build(self) -> float:
         start = time.monotonic()
+        if Path(sys.prefix).resolve() == self.dir.resolve():
+            raise BuildError(f"{self.name} must be rebuilt, but this script runs from it; run it with another "
+                             f"python, e.g. `python3 {Path(__file__).relative_to(REPO_ROOT)} {self.name}`")
         shutil.rmtree(self.dir, ignore_errors=True)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.log.write_text(f"# build of {self.name} ({recipe_hash(self.name)}) at {time.ctime()}\n")

@@ -161,6 +161,7 @@ def _tree(root: int | None, pgid: int | None) -> dict[int, int]:
     return found
 
 
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
 _RUNNING: set["EngineServer"] = set()
 
 
@@ -207,6 +208,7 @@ class EngineServer:
         self._log_handle = None
         self._final_log: str = ""
         self._stopped = False
+        self._root_start = 0
 
     # --- public ---------------------------------------------------------------------------
 
@@ -268,6 +270,7 @@ class EngineServer:
                 cwd=self._workdir(),
                 start_new_session=True,  # its own session and process group
             )
+            self._root_start = (_stat(self.process.pid) or (0, 0, "", 0))[3]
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -275,10 +278,9 @@ class EngineServer:
 
     def stop(self) -> None:
         """SIGTERM the process group, wait, SIGKILL what remains by PID, remove the temp dir."""
-        _RUNNING.discard(self)
         process = self.process
         if process is not None and not self._stopped:
-            self._stopped = True
+            # Marked stopped only at the end: a second Ctrl-C in here leaves it to the atexit hook.
             if process.returncode is None:  # not reaped yet, so its pid (= pgid) is still ours
                 self.seen_pids.update(_tree(process.pid, process.pid))
             self._signal_all(signal.SIGTERM)
@@ -300,6 +302,8 @@ class EngineServer:
                 process.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
+            self._stopped = True
+        _RUNNING.discard(self)
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
@@ -324,12 +328,15 @@ class EngineServer:
         return any(pid_alive(pid, start) for pid, start in self.seen_pids.items())
 
     def _group_alive(self) -> bool:
-        """Whether the server's process group still has members (so its id cannot have been reused)."""
+        """Whether the server's process group still has members (and its id was not reused)."""
         assert self.process is not None
         if self.process.returncode is None:
-            return True
+            return True  # the leader is not reaped: its pid, the group id, is still ours
         pgid = self.process.pid
-        return any(pid_alive(pid, start) and (_stat(pid) or (0, -1))[1] == pgid for pid, start in self.seen_pids.items())
+        leader = _stat(pgid)
+        if leader is not None and leader[3] != self._root_start:
+            return False  # that pid now names another process; a group with its id is not ours
+        return any(group == pgid for _, group, state, _ in _all_processes().values() if state not in ("Z", "X"))
 
     def _signal_all(self, sig: int) -> None:
         """``sig`` to the process group and to every server process seen, each checked by PID."""
@@ -400,7 +407,7 @@ class EngineServer:
                     f"{self.engine} server exited with status {self.process.returncode} before it was healthy; "
                     f"last lines of {self.log_path}:", self.log_tail(60))
             try:
-                with urllib.request.urlopen(url, timeout=5) as response:
+                with _NO_PROXY.open(url, timeout=5) as response:
                     if response.status == 200:
                         self.process_tree()
                         return

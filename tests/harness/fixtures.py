@@ -111,6 +111,9 @@ def cache_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def dev_python() -> str:
+    dev = toolkit_cache_dir() / "venvs" / "dev"
+    if Path(sys.prefix).resolve() == dev.resolve():
+        return str(dev / "bin" / "python")  # the tests run in it: it exists
     return ensure_engine_python("dev")
 
 

@@ -73,7 +73,11 @@ def _after_last_field(body: Sequence[cst.BaseStatement], statement: cst.BaseStat
 WRAP_SERIALIZER = m.Decorator(
     decorator=m.Call(
         func=m.Name("model_serializer"),
-        args=[m.ZeroOrMore(), m.Arg(keyword=m.Name("mode"), value=m.SimpleString('"wrap"')), m.ZeroOrMore()],
+        args=[
+            m.ZeroOrMore(),
+            m.Arg(keyword=m.Name("mode"), value=m.SimpleString('"wrap"') | m.SimpleString("'wrap'")),
+            m.ZeroOrMore(),
+        ],
     )
 )
 
@@ -82,12 +86,10 @@ class ProtocolTransformer(_TokenIdsTransformer):
     """srt/entrypoints/openai/protocol.py: the request flag and the response fields."""
 
     ANCHORS = {
-        "runtime-import": "the module's first import (the runtime import goes after it)",
-        "ChatCompletionRequest": "class ChatCompletionRequest (gets a return_token_ids field unless it has one)",
-        "ChatCompletionResponse.serializer": 'the model_serializer(mode="wrap") method of class ChatCompletionResponse',
-        "ChatCompletionResponseChoice.serializer": (
-            'the model_serializer(mode="wrap") method of class ChatCompletionResponseChoice'
-        ),
+        "runtime-import": "the module's first import (ours goes after it)",
+        "ChatCompletionRequest": "class ChatCompletionRequest (return_token_ids added unless present)",
+        "ChatCompletionResponse.serializer": 'ChatCompletionResponse\'s model_serializer(mode="wrap")',
+        "ChatCompletionResponseChoice.serializer": 'ChatCompletionResponseChoice\'s model_serializer(mode="wrap")',
     }
     # class -> the field it gets, left out of the JSON when None
     RESPONSE_FIELDS = {
@@ -143,22 +145,15 @@ class ServingChatTransformer(_TokenIdsTransformer):
     """srt/entrypoints/openai/serving_chat.py: wire ``OpenAIServingChat`` to the runtime."""
 
     ANCHORS = {
-        "runtime-import": "the module's first import (the runtime import goes after it)",
-        "_generate_chat_stream": (
-            "method OpenAIServingChat._generate_chat_stream(self, adapted_request, request, ...), decorated"
-        ),
-        "engine-outputs": (
-            "the `async for` over self.tokenizer_manager.generate_request(...) in _generate_chat_stream, tapped"
-        ),
-        "_build_chat_response-call": (
-            "the self._build_chat_response(request, ret, ...) call in "
-            "OpenAIServingChat._handle_non_streaming_request(self, adapted_request, ...), wrapped"
-        ),
+        "runtime-import": "the module's first import (ours goes after it)",
+        "_generate_chat_stream": "OpenAIServingChat._generate_chat_stream(self, adapted_request, request, ...)",
+        "engine-outputs": "its `async for` over self.tokenizer_manager.generate_request(...)",
+        "_build_chat_response-call": "self._build_chat_response(request, ret, ...) in _handle_non_streaming_request",
     }
     # 0.5.23 added its own return_token_ids (non-streaming only) and rejects it on stream requests.
     STREAM_CHECK = (
         "stream-return-token-ids-check",
-        "the `if request.return_token_ids: raise ...` in OpenAIServingChat._convert_to_internal_request, removed",
+        "`if request.return_token_ids: raise ...` in _convert_to_internal_request (removed)",
     )
 
     def __init__(self, context: PatchContext) -> None:

@@ -102,54 +102,49 @@ class ScriptedTokenizerManager:
         return self.tokenizer.decode([t for t in ids if t != self.tokenizer.eos_token_id])
 
     async def generate_request(self, obj, request=None):
-        prompt = list(obj.input_ids[0] if obj.input_ids and isinstance(obj.input_ids[0], list) else obj.input_ids)
-        sent = [0] * len(self.completions)
-        meta = lambda index, n, finished: {  # noqa: E731
-            "id": "chatcmpl-fixed",
-            "finish_reason": {"type": "stop", "matched": self.tokenizer.eos_token_id} if finished else None,
-            "prompt_tokens": len(prompt),
-            "completion_tokens": n,
-            "cached_tokens": 0,
-            "weight_version": "default",
-            "total_retractions": 0,
-        }
+        """Non-streaming: one final output per choice (a list when n > 1). Streaming: the choices'
+        outputs interleaved, a few ids each, as the real manager yields them."""
+        prompt = obj.input_ids[0] if isinstance(obj.input_ids[0], list) else obj.input_ids  # n > 1 expands it
 
-        def full(index: int) -> dict:
-            ids = self.completions[index]
-            out = {"text": self._text(ids), "output_ids": list(ids), "meta_info": meta(index, len(ids), True),
-                   "index": index}
-            if getattr(obj, "return_prompt_token_ids", False):
-                out["prompt_token_ids"] = prompt
+        def output(index: int, sent: int, text: str, output_ids: list[int]) -> dict:
+            finished = sent == len(self.completions[index])
+            out = {
+                "text": text,
+                "output_ids": output_ids,
+                "meta_info": {
+                    "id": "chatcmpl-fixed",
+                    "finish_reason": {"type": "stop", "matched": self.tokenizer.eos_token_id} if finished else None,
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": sent,
+                    "cached_tokens": 0,
+                    "weight_version": "default",
+                    "total_retractions": 0,
+                },
+                "index": index,
+            }
+            if getattr(obj, "return_prompt_token_ids", False):  # 0.5.23's flag
+                out["prompt_token_ids"] = list(prompt)
             return out
 
         if not obj.stream:
-            outputs = [full(index) for index in range(len(self.completions))]
+            outputs = [output(i, len(ids), self._text(ids), list(ids)) for i, ids in enumerate(self.completions)]
             yield outputs if len(outputs) > 1 else outputs[0]
             return
+        sent = [0] * len(self.completions)
         step = 0
         while any(sent[i] < len(ids) for i, ids in enumerate(self.completions)):
             for index, ids in enumerate(self.completions):
-                if sent[index] >= len(ids):
+                if sent[index] == len(ids):
                     continue
-                size = self.step_sizes[step % len(self.step_sizes)]
+                before = sent[index]
+                after = sent[index] = min(before + self.step_sizes[step % len(self.step_sizes)], len(ids))
                 step += 1
-                before, after = sent[index], min(sent[index] + size, len(ids))
-                sent[index] = after
-                finished = after == len(ids)
-                if self.incremental and NEW:
-                    text = self._text(ids[:after])[len(self._text(ids[:before])):]
-                else:
-                    text = self._text(ids[:after])
-                out = {
-                    "text": text,
-                    "output_ids": list(ids[before:after]) if self.incremental else list(ids[:after]),
-                    "meta_info": meta(index, after, finished),
-                    "index": index,
-                }
-                if getattr(obj, "return_prompt_token_ids", False):
-                    out["prompt_token_ids"] = prompt
+                text = self._text(ids[:after])
+                if self.incremental and NEW:  # 0.5.23 sends only the new text too; 0.5.9 all of it
+                    text = text[len(self._text(ids[:before])):]
+                new_ids = list(ids[before:after]) if self.incremental else list(ids[:after])
                 await asyncio.sleep(0)
-                yield out
+                yield output(index, after, text, new_ids)
 
 
 def serving_for(model: str, tokenizer, parsers: dict, incremental: bool) -> OpenAIServingChat:

@@ -3,9 +3,9 @@
 The model is the script model (``scripts/make_script_model.py``): its greedy output is a chosen
 script of text and hermes tool calls, so the server's real tool-call parser holds text back the way
 it does in production. Per SGLang version, on a private copy of the venv's ``sglang`` (see
-test_serving.py), one server at a time: unpatched (its vanilla answers are recorded), then patched
-(vanilla answers must be byte-identical, id/created/tool-call ids aside; ids must agree between
-stream and non-stream), and for 0.5.23 once more with ``TOOLKIT_RETURN_TOKEN_IDS=1``. Then revert.
+private_sglang.py), one server at a time: unpatched (its vanilla answers are recorded), then patched
+(vanilla answers must be byte-identical, id/created/tool-call ids aside, and for streams where the
+text is cut into chunks aside; ids must agree between stream and non-stream), and for 0.5.23 once more with ``TOOLKIT_RETURN_TOKEN_IDS=1``. Then revert.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
 from tests.harness.fixtures import REPO_ROOT, ensure_engine_python, sglang_env
-from tests.patches.sglang.token_ids.test_serving import private_install, sha256s
+from tests.patches.sglang.token_ids.private_sglang import private_install, sha256s
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 
@@ -72,9 +71,9 @@ def serve(python: str, model: str, *, ids: bool, env: dict[str, str] | None = No
                 body = request_body(script)
                 kwargs = {k: body[k] for k in ("model", "messages", "temperature", "max_tokens", "tools")}
                 extra_body = {} if env else {"return_token_ids": True}
-                served.nonstream[script] = client.chat.completions.create(**kwargs, extra_body=extra_body).model_dump()
+                served.nonstream[script] = client.chat.completions.create(**kwargs, extra_body=extra_body).model_dump(warnings=False)
                 served.stream[script] = [
-                    chunk.model_dump()
+                    chunk.model_dump(warnings=False)
                     for chunk in client.chat.completions.create(**kwargs, stream=True, extra_body=extra_body)
                 ]
     return served

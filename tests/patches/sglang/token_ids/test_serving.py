@@ -1,9 +1,7 @@
 """token-ids on SGLang's real ``OpenAIServingChat``, applied and reverted through the toolkit API.
 
-For each supported SGLang venv: a private copy of its ``sglang`` package (hard links, so nothing is
-copied and the shared venv is never written: other tests patch and revert that venv at the same
-time) is put in front of the venv's site-packages by a wrapper interpreter, and the toolkit patches
-that install. ``serving_driver.py`` runs under it four times: unpatched, patched, patched with
+For each supported SGLang venv, the toolkit patches a private copy of its ``sglang``
+(``private_sglang.py``: the shared venv is never written). ``serving_driver.py`` runs under it four times: unpatched, patched, patched with
 ``TOOLKIT_RETURN_TOKEN_IDS=1`` and reverted. It drives the real serving class with the tiny model's
 tokenizer and chat template, SGLang's hermes tool-call and qwen3 reasoning parsers, and a tokenizer
 manager that yields SGLang's own output dicts, cumulative and incremental, n=1 and n=2.
@@ -11,20 +9,17 @@ manager that yields SGLang's own output dicts, cumulative and incremental, n=1 a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from patches.sglang.token_ids import PATCH
-from tests.harness.fixtures import SHIM_DIR, ensure_engine_python, ensure_tiny_model
+from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
+from tests.patches.sglang.token_ids.private_sglang import private_install, sha256s
 
 pytestmark = pytest.mark.engine
 
@@ -32,34 +27,6 @@ DRIVER = Path(__file__).with_name("serving_driver.py")
 VERSIONS = ("0.5.9", "0.5.23")
 SCENARIOS = ("plain", "tool_call", "reasoning_then_tool_call", "n2")
 MODES = ("cumulative", "incremental")
-
-
-def private_install(python: str, root: Path) -> str:
-    """A wrapper interpreter that runs ``python`` with a private, hard-linked copy of its sglang."""
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
-    (root / "site").mkdir(parents=True)
-    # The toolkit replaces files by rename and Python rewrites .pyc the same way, so a hard link
-    # is never written through: the venv's own files stay as they are.
-    shutil.copytree(site / "sglang", root / "site" / "sglang", copy_function=os.link)
-    for dist_info in site.glob("sglang-*.dist-info"):
-        shutil.copytree(dist_info, root / "site" / dist_info.name)
-    wrapper = root / "bin" / "python"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f'PYTHONPATH="{root / "site"}:{SHIM_DIR}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{python}" "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return str(wrapper)
-
-
-def sha256s(python: str) -> dict[str, str]:
-    from toolkit.discovery import find_engines
-
-    (engine,) = [e for e in find_engines(python) if e.engine == "sglang"]
-    return {edit.relpath: hashlib.sha256((Path(engine.package_dir) / edit.relpath).read_bytes()).hexdigest()
-            for edit in PATCH.files}
 
 
 def drive(python: str, model: str, **env: str) -> dict:

@@ -1,0 +1,47 @@
+"""A private SGLang install for one test session: the venv's interpreter, its own copy of ``sglang``.
+
+The engine venvs are shared: other tests apply and revert patches on them while these run. So the
+token-ids tests patch a hard-linked copy of the venv's ``sglang`` package (and its dist-info), put in
+front of the venv's site-packages by a wrapper interpreter. The toolkit finds that copy as the
+installed engine (``toolkit.discovery``) and, like Python rewriting ``.pyc``, replaces files by
+rename, so a hard link is never written through and the venv's own files stay as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from patches.sglang.token_ids import PATCH
+from tests.harness.fixtures import SHIM_DIR
+
+
+def private_install(python: str, root: Path) -> str:
+    """A wrapper interpreter under ``root`` running ``python`` with a private copy of its sglang;
+    the test-only ``sgl_kernel`` shim is on its path too (SGLang 0.5.9 imports it)."""
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    (root / "site").mkdir(parents=True)
+    shutil.copytree(site / "sglang", root / "site" / "sglang", copy_function=os.link)
+    for dist_info in site.glob("sglang-*.dist-info"):
+        shutil.copytree(dist_info, root / "site" / dist_info.name)
+    wrapper = root / "bin" / "python"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'PYTHONPATH="{root / "site"}:{SHIM_DIR}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{python}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def sha256s(python: str) -> dict[str, str]:
+    """sha256 of every file token-ids edits, in the sglang that ``python`` imports."""
+    from toolkit.discovery import find_engines
+
+    (engine,) = [e for e in find_engines(python) if e.engine == "sglang"]
+    return {edit.relpath: hashlib.sha256((Path(engine.package_dir) / edit.relpath).read_bytes()).hexdigest()
+            for edit in PATCH.files}
