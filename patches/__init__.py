@@ -14,6 +14,7 @@ from toolkit.codemod import Patch
 PATCH_MODULES: tuple[str, ...] = (
     "patches.sglang.token_ids",
     "patches.vllm.responses_stream",
+    "patches.vllm.tito",
 )
 
 

@@ -1,0 +1,244 @@
+"""What the tito-patched vLLM chat code calls: token-in/token-out on ``/v1/chat/completions``.
+
+Imported by the patched engine files (protocol.py, serving.py, online_renderer.py) inside the
+API-server process. Everything here is plain Python over dicts, lists and duck-typed request and
+response objects, so it is unit-tested without vLLM; the one vLLM name used, the validation error
+that the server turns into an HTTP 400, is imported lazily.
+
+The contract (docs/tito.md):
+
+- ``input_ids``: the prompt is exactly these ids (no chat template, no tokenization); ``messages``
+  may still be sent but never changes the prompt. Ids come back as ``prompt_token_ids``.
+- ``logprob_start_len`` (SGLang's meaning): prompt logprobs from that position on; -1 (the
+  default) computes none, so prefix caching stays intact.
+- ``token_id`` on every logprob entry and on each of its ``top_logprobs``.
+- ``TOOLKIT_RETURN_TOKEN_IDS=1``: ``return_token_ids`` defaults to true for every chat request.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Sequence
+
+ENV_RETURN_TOKEN_IDS = "TOOLKIT_RETURN_TOKEN_IDS"
+_TRUE = {"1", "true", "yes", "on"}
+
+
+class TitoValidationError(ValueError):
+    """A bad request field; stands in for vLLM's VLLMValidationError where vLLM is not installed."""
+
+    def __init__(self, message: str, *, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+
+
+def bad_request(message: str, parameter: str) -> Exception:
+    """The error vLLM answers with a 400 naming ``parameter`` (raised by the caller)."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+    except ImportError:  # unit tests run without the engine
+        return TitoValidationError(message, parameter=parameter)
+    return VLLMValidationError(message, parameter=parameter)
+
+
+def return_token_ids_by_default() -> bool:
+    return os.environ.get(ENV_RETURN_TOKEN_IDS, "").strip().lower() in _TRUE
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is an int subclass; JSON 1.0 is a float: neither is a token id
+
+
+# --------------------------------------------------------------------------------------------------
+# request fields (ChatCompletionRequest's "before" validator)
+
+
+def check_input_ids(ids: Any) -> list[int]:
+    """Type checks that need no engine: a non-empty list of non-negative ints."""
+    if not isinstance(ids, list):
+        raise bad_request(f"`input_ids` must be a list of integer token ids, got {type(ids).__name__}", "input_ids")
+    if not ids:
+        raise bad_request("`input_ids` must not be empty: the prompt needs at least one token", "input_ids")
+    if all(type(value) is int for value in ids) and min(ids) >= 0:
+        return ids  # the common case, in C-speed loops; the loop below finds what is wrong
+    for position, value in enumerate(ids):
+        if not _is_int(value):
+            raise bad_request(
+                f"`input_ids` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}",
+                "input_ids",
+            )
+        if value < 0:
+            raise bad_request(f"`input_ids` must not contain negative ids: item {position} is {value}", "input_ids")
+    return ids
+
+
+def normalize_request(data: Any) -> Any:
+    """Check and complete a raw chat request body before pydantic validates its fields.
+
+    With ``input_ids``: ``messages`` becomes optional (``[]``), the chat-template switches that would
+    make the response role depend on a last message are reset when there is none, and
+    ``return_token_ids`` defaults to true. ``logprob_start_len`` >= 0 turns prompt logprobs on.
+    Raises the engine's validation error (HTTP 400) naming the field.
+    """
+    if not isinstance(data, dict):
+        return data
+    if data.get("input_ids") is not None:
+        check_input_ids(data["input_ids"])
+        if data.get("truncate_prompt_tokens") is not None:
+            raise bad_request(
+                "`truncate_prompt_tokens` cannot be used with `input_ids`: the prompt is exactly the ids sent",
+                "truncate_prompt_tokens",
+            )
+        if data.get("messages") is None:
+            data["messages"] = []
+        if isinstance(data["messages"], list) and not data["messages"]:
+            # No template runs; the response role is the server's assistant role.
+            data["add_generation_prompt"] = True
+            data["continue_final_message"] = False
+        if data.get("return_token_ids") is None:
+            data["return_token_ids"] = True
+    elif data.get("return_token_ids") is None and return_token_ids_by_default():
+        data["return_token_ids"] = True
+
+    start = data.get("logprob_start_len")
+    if start is not None:
+        if not _is_int(start):
+            raise bad_request(
+                f"`logprob_start_len` must be an integer, got {type(start).__name__} {start!r:.40}", "logprob_start_len"
+            )
+        if start < -1:
+            raise bad_request(
+                f"`logprob_start_len` must be -1 (no prompt logprobs) or a prompt position >= 0, got {start}",
+                "logprob_start_len",
+            )
+        if start >= 0:
+            if data.get("stream"):
+                raise bad_request(
+                    "`logprob_start_len` is not available with `stream=true` (prompt logprobs are non-streaming only)",
+                    "logprob_start_len",
+                )
+            if data.get("use_beam_search"):
+                raise bad_request("`logprob_start_len` is not available with beam search", "logprob_start_len")
+            if data.get("prompt_logprobs") is None:
+                top = data.get("top_logprobs")
+                data["prompt_logprobs"] = top if data.get("logprobs") and _is_int(top) and top > 0 else 0
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# the prompt (online_renderer._reused_prompt_token_ids, serving._create_chat_completion)
+
+
+def has_input_ids(request: Any) -> bool:
+    fields = getattr(type(request), "model_fields", None) or {}
+    return "input_ids" in fields and getattr(request, "input_ids", None) is not None
+
+
+def vocab_limit(renderer: Any) -> int | None:
+    """One past the largest valid token id, by the same rule as vLLM's own token-id check."""
+    tokenizer = getattr(renderer, "tokenizer", None)
+    model_config = getattr(renderer, "model_config", None)
+    limits = []
+    if tokenizer is not None:
+        limits.append(int(tokenizer.max_token_id) + 1)
+    if model_config is not None:
+        limits.append(int(model_config.get_vocab_size()))
+    return max(limits) if limits else None
+
+
+def prompt_ids_from_request(request: Any, renderer: Any) -> list[int] | None:
+    """The prompt of a chat request that has ``input_ids``, checked against the vocabulary; else None.
+
+    Called first thing in vLLM's "reused prompt token ids" path, so the ids go to the engine exactly
+    as vLLM's own pre-tokenized prompts do: no template, no tokenization, while tool-choice checks
+    and the parser's ``adjust_request`` still run. ``input_ids`` win over ids forwarded in
+    ``kv_transfer_params``.
+    """
+    if not has_input_ids(request):
+        return None
+    ids = check_input_ids(request.input_ids)
+    kv = getattr(request, "kv_transfer_params", None)
+    if isinstance(kv, dict):
+        kv.pop("prompt_token_ids", None)
+    limit = vocab_limit(renderer)
+    if limit is not None and max(ids) >= limit:
+        for position, value in enumerate(ids):
+            if value >= limit:
+                raise bad_request(
+                    f"`input_ids` item {position} is {value}, out of the vocabulary (ids must be < {limit})",
+                    "input_ids",
+                )
+    return list(ids)
+
+
+def _prompt_ids(engine_input: Any) -> Sequence[int] | None:
+    if isinstance(engine_input, dict):
+        return engine_input.get("prompt_token_ids")
+    return getattr(engine_input, "prompt_token_ids", None)
+
+
+def check_prompt(request: Any, engine_inputs: Iterable[Any], max_model_len: int) -> None:
+    """Checks that need the rendered prompt; raises the engine's validation error (HTTP 400).
+
+    With ``input_ids`` the prompt plus ``max_tokens`` (at least one token when unset) must fit the
+    context: vLLM would otherwise clamp the output budget silently. ``logprob_start_len`` must be a
+    position inside the prompt.
+    """
+    start = getattr(request, "logprob_start_len", None)
+    with_ids = has_input_ids(request)
+    if not with_ids and (start is None or start < 0):
+        return
+    for engine_input in engine_inputs:
+        ids = _prompt_ids(engine_input)
+        if ids is None:
+            continue
+        length = len(ids)
+        if with_ids:
+            max_tokens = request.max_completion_tokens
+            if max_tokens is None:
+                max_tokens = request.max_tokens
+            if max_tokens is None:
+                if length >= max_model_len:
+                    raise bad_request(
+                        f"`input_ids` has {length} tokens, which leaves no room for output in the "
+                        f"model's context of {max_model_len} tokens",
+                        "input_ids",
+                    )
+            elif length + max_tokens > max_model_len:
+                raise bad_request(
+                    f"`input_ids` has {length} tokens and max_tokens is {max_tokens}: {length + max_tokens} "
+                    f"exceeds the model's context of {max_model_len} tokens",
+                    "input_ids",
+                )
+        if start is not None and start >= length:
+            raise bad_request(
+                f"`logprob_start_len` is {start}, but the prompt has only {length} tokens "
+                f"(use -1, or a position from 0 to {length - 1})",
+                "logprob_start_len",
+            )
+
+
+# --------------------------------------------------------------------------------------------------
+# the response (serving.py)
+
+
+def prompt_logprobs_from(request: Any, prompt_logprobs: list | None) -> list | None:
+    """Prompt logprobs before ``logprob_start_len`` become None, keeping one entry per prompt id."""
+    start = getattr(request, "logprob_start_len", None)
+    if prompt_logprobs is None or start is None or start <= 0:
+        return prompt_logprobs
+    return [None] * min(start, len(prompt_logprobs)) + list(prompt_logprobs[start:])
+
+
+def with_logprob_token_ids(logprobs: Any, token_ids: Sequence[int], top_logprobs: Sequence[Any]) -> Any:
+    """Set ``token_id`` on each logprob entry and on each of its ``top_logprobs``.
+
+    ``logprobs.content[i]`` is the i-th sampled token; its ``top_logprobs`` are the first entries of
+    the engine's per-position dict (vLLM keeps that order), so the ids come from the dict's keys.
+    """
+    for entry, token_id, step in zip(logprobs.content or (), token_ids, top_logprobs):
+        entry.token_id = int(token_id)
+        if step and entry.top_logprobs:
+            for top, top_id in zip(entry.top_logprobs, step):
+                top.token_id = int(top_id)
+    return logprobs

