@@ -1,0 +1,1 @@
+"""Attention kernels of the toolkit (``kernels.superlinear``: superlinear attention)."""

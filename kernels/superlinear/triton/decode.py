@@ -1,0 +1,254 @@
+"""Triton decode: one query per batch row, each at its own position, in three launches.
+
+1. ``_decode_search_kernel`` (one program per (row, query head)): scores the stripe keys of the
+   row's position block by block and keeps the exact top-k (same order as every other path).
+2. ``_decode_span_kernel`` (per (row, query head, part, split)): parts 0..k-1 are the spans of the
+   selected anchors, part k is the window; each part is split in ``n_split`` key ranges so that a
+   single query still spreads over many programs (flash-decoding style).  Span bounds come from the
+   shared integer tables on the device.
+3. ``_decode_merge_kernel`` (per (row, query head)): log-sum-exp merge of the splits, of each span
+   with the window, and the score-softmax gate.
+
+Shapes depend only on the cache length (stripes are enumerated up to it and masked per row), and
+nothing synchronises with the host, so the step can be captured in a CUDA graph for a fixed cache.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..spans import SuperlinearParams, key_start, normalize_key_mask, normalize_positions, span_geometry
+from .common import block_dim, key_mask_arg
+from .merge import merge_span
+from .search import NO_ANCHOR_BASE
+
+BLOCK_S = 64  # stripes scored per step
+BLOCK_K = 64  # keys per step of the span kernel
+SPLIT_KEYS = 512  # keys per split of a span
+
+
+@triton.jit
+def _decode_search_kernel(
+    Q, K, POS, KEY_MASK, STRIPE, COUNT, ANCHOR, SCORE,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_kl, stride_kd,
+    stride_mb,
+    H, G, DIM,
+    HAS_MASK: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = pid // H
+    h = pid % H
+    kvh = h // G
+    pos = tl.load(POS + b)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < DIM
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + d * stride_qd,
+                mask=d_ok, other=0.0).to(tl.float32)
+    k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
+    slot = tl.arange(0, KPAD)
+    ts = tl.where(slot < TOPK, float("-inf"), float("inf"))
+    ta = NO_ANCHOR_BASE - slot
+    n = tl.load(COUNT + pos)
+    for j0 in range(0, n, BLOCK_S):
+        js = j0 + tl.arange(0, BLOCK_S)
+        ok = js < n
+        a = pos + 1 - tl.load(STRIPE + js, mask=ok, other=0)
+        ok = ok & (a >= 0)
+        if HAS_MASK:
+            ok = ok & (tl.load(KEY_MASK + b * stride_mb + a, mask=ok, other=0) != 0)
+        kr = tl.load(k_ptr + a[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd,
+                     mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        s = tl.where(ok, tl.sum(q[None, :] * kr, 1), float("-inf"))
+        # Move the block's k best into the set, one at a time (best of block, ties: farther anchor).
+        for r in tl.static_range(TOPK):
+            best = tl.max(s, 0)
+            best_anchor = tl.min(tl.where(ok & (s == best), a, 2147483647), 0)
+            worst = tl.min(ts, 0)
+            worst_anchor = tl.max(tl.where(ts == worst, ta, -2147483647), 0)
+            better = (best_anchor != 2147483647) & ((best > worst) | ((best == worst) & (best_anchor < worst_anchor)))
+            replace = (ts == worst) & (ta == worst_anchor) & better
+            ts = tl.where(replace, best, ts)
+            ta = tl.where(replace, best_anchor, ta)
+            taken = a == best_anchor
+            ok = ok & (~taken)
+            s = tl.where(taken, float("-inf"), s)
+    found = ta >= 0
+    out = pid.to(tl.int64) * TOPK + slot
+    tl.store(ANCHOR + out, tl.where(found, ta, -1), mask=slot < TOPK)
+    tl.store(SCORE + out, tl.where(found, ts, float("-inf")), mask=slot < TOPK)
+
+
+@triton.jit
+def _decode_span_kernel(
+    Q, K, V, POS, START, KEY_MASK, ANCHOR, BACK, FWD, PART_LSE, PART_OUT,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_kl, stride_kd,
+    stride_vb, stride_vh, stride_vl, stride_vd,
+    stride_mb,
+    H, G, DIM, WINDOW, MAX_T, SPLIT, N_SPLIT, scale,
+    HAS_MASK: tl.constexpr, TOPK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    part = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid // H
+    h = pid % H
+    kvh = h // G
+    pos = tl.load(POS + b)
+    first = tl.load(START + b)
+    # Span of anchor `part` (exact integer tables), or the window for part == TOPK.
+    a = tl.load(ANCHOR + pid * TOPK + tl.minimum(part, TOPK - 1))
+    a = tl.where(part < TOPK, a, -1)
+    seen = tl.minimum(tl.maximum(pos + 1 - first, 0), MAX_T)
+    span_lo = tl.maximum(a - tl.load(BACK + seen), first)
+    span_hi = tl.minimum(a + tl.load(FWD + seen), pos - WINDOW)
+    span_hi = tl.where(a >= 0, span_hi, span_lo - 1)
+    lo = tl.where(part < TOPK, span_lo, tl.maximum(pos - WINDOW + 1, 0))
+    hi = tl.where(part < TOPK, span_hi, pos)
+    lo = lo + split * SPLIT
+    hi = tl.minimum(hi, lo + SPLIT - 1)
+
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < DIM
+    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + d * stride_qd,
+                mask=d_ok, other=0.0).to(tl.float32)
+    k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
+    v_ptr = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
+    m_i = tl.max(tl.full([BLOCK_K], float("-inf"), tl.float32), 0)  # fp32 scalars (loop-carried)
+    l_i = tl.sum(tl.zeros([BLOCK_K], tl.float32), 0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for k0 in range(lo, hi + 1, BLOCK_K):
+        kpos = k0 + tl.arange(0, BLOCK_K)
+        k_ok = kpos <= hi
+        if HAS_MASK:
+            k_ok = k_ok & (tl.load(KEY_MASK + b * stride_mb + kpos, mask=k_ok, other=0) != 0)
+        kt = tl.load(k_ptr + kpos[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd,
+                     mask=k_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        vt = tl.load(v_ptr + kpos[:, None].to(tl.int64) * stride_vl + d[None, :] * stride_vd,
+                     mask=k_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        s = tl.where(k_ok, tl.sum(q[None, :] * kt, 1) * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_use)
+        alpha = tl.exp(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        acc = acc * alpha + tl.sum(p[:, None] * vt, 0)
+        m_i = m_new
+    has = l_i > 0
+    lse = tl.where(has, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    slot = (pid.to(tl.int64) * (TOPK + 1) + part) * N_SPLIT + split
+    tl.store(PART_LSE + slot, lse)
+    tl.store(PART_OUT + slot * DIM + d, acc / tl.where(has, l_i, 1.0), mask=d_ok)
+
+
+@triton.jit
+def _combine_splits(PART_LSE, PART_OUT, base, N_SPLIT, DIM, NS_PAD: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(lse, out) of one part from its splits' partials."""
+    sp = tl.arange(0, NS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    ok = sp < N_SPLIT
+    lse = tl.load(PART_LSE + base + sp, mask=ok, other=float("-inf"))
+    out = tl.load(PART_OUT + (base + sp)[:, None] * DIM + d[None, :], mask=ok[:, None] & (d[None, :] < DIM), other=0.0)
+    top = tl.max(lse, 0)
+    top_use = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.exp(lse - top_use)
+    total = tl.sum(w, 0)
+    merged = tl.sum(w[:, None] * out, 0) / tl.where(total > 0, total, 1.0)
+    merged_lse = tl.where(total > 0, top_use + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
+    return merged_lse, merged
+
+
+@triton.jit
+def _decode_merge_kernel(
+    PART_LSE, PART_OUT, ANCHOR, SCORE, OUT,
+    stride_ob, stride_oh, stride_od,
+    H, DIM, N_SPLIT,
+    TOPK: tl.constexpr, NS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < DIM
+    base = pid.to(tl.int64) * (TOPK + 1) * N_SPLIT
+    win_lse, win_out = _combine_splits(PART_LSE, PART_OUT, base + TOPK * N_SPLIT, N_SPLIT, DIM, NS_PAD, BLOCK_D)
+    one = tl.arange(0, 1)  # merge_span works on rows; decode is a block of one row
+    win_lse1 = win_lse + tl.zeros([1], tl.float32)
+    win_out1 = win_out[None, :]
+    score_max = tl.full([1], float("-inf"), tl.float32)
+    for j in tl.static_range(TOPK):
+        a = tl.load(ANCHOR + pid * TOPK + j + one)
+        sc = tl.load(SCORE + pid * TOPK + j + one)
+        score_max = tl.maximum(score_max, tl.where(a >= 0, sc, float("-inf")))
+    score_max = tl.where(score_max == float("-inf"), 0.0, score_max)
+    acc = tl.zeros([1, BLOCK_D], tl.float32)
+    gate_sum = tl.zeros([1], tl.float32)
+    for j in tl.static_range(TOPK):
+        a = tl.load(ANCHOR + pid * TOPK + j + one)
+        sc = tl.load(SCORE + pid * TOPK + j + one)
+        span_lse, span_out = _combine_splits(PART_LSE, PART_OUT, base + j * N_SPLIT, N_SPLIT, DIM, NS_PAD, BLOCK_D)
+        acc, gate_sum = merge_span(acc, gate_sum, score_max, a, sc, span_lse + tl.zeros([1], tl.float32),
+                                   span_out[None, :], win_lse1, win_out1)
+    out = tl.where((gate_sum > 0)[:, None], acc / tl.where(gate_sum > 0, gate_sum, 1.0)[:, None], win_out1)
+    b = pid // H
+    h = pid % H
+    tl.store(OUT + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh + d[None, :] * stride_od,
+             out.to(OUT.dtype.element_ty), mask=d_ok[None, :])
+
+
+def triton_superlinear_decode(q1, q2, k, v, cache_position, attention_mask=None,
+                              params: SuperlinearParams | None = None, scale: float | None = None,
+                              return_search: bool = False):
+    """One decode step: q ``[B, H_Q, 1, D]``, each row at ``cache_position[b]``; ``[B, H_Q, 1, D]``."""
+    params = params or SuperlinearParams()
+    batch, heads, _, dim = q2.shape
+    kv_heads, key_len = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    topk = params.topk
+    device = q2.device
+    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+    positions = normalize_positions(cache_position, batch, 1, key_len, device)
+    pos32 = positions[:, 0].to(torch.int32).contiguous()
+    key_mask = normalize_key_mask(attention_mask, batch, key_len, device)
+    start32 = key_start(key_mask, batch, key_len, device).to(torch.int32)
+    geo = span_geometry(params, key_len, device, torch.int32)
+    mask, stride_mb, has_mask = key_mask_arg(key_mask, q2)
+    bd = block_dim(dim)
+    q1s, q2s = q1[:, :, 0], q2[:, :, 0]
+
+    anchor = torch.empty((batch, heads, topk), dtype=torch.int32, device=device)
+    score = torch.empty((batch, heads, topk), dtype=torch.float32, device=device)
+    _decode_search_kernel[(batch * heads,)](
+        q1s, k, pos32, mask, geo.stripe_distance, geo.stripe_count, anchor, score,
+        *q1s.stride(), *k.stride(), stride_mb, heads, group, dim,
+        HAS_MASK=has_mask, TOPK=topk, KPAD=triton.next_power_of_2(topk),
+        BLOCK_S=BLOCK_S, BLOCK_D=bd, num_warps=4,
+    )
+
+    # Static split sizes from the cache length: the longest possible span or window (read from the
+    # host copy of the tables: no device synchronisation, so the step can be graph-captured).
+    host_geo = span_geometry(params, key_len)
+    longest = max(host_geo.max_span_len(key_len), host_geo.window, 1)
+    n_split = triton.cdiv(longest, SPLIT_KEYS)
+    split = triton.cdiv(triton.cdiv(longest, n_split), BLOCK_K) * BLOCK_K
+    part_lse = torch.empty((batch * heads * (topk + 1) * n_split,), dtype=torch.float32, device=device)
+    part_out = torch.empty((batch * heads * (topk + 1) * n_split, dim), dtype=torch.float32, device=device)
+    _decode_span_kernel[(batch * heads, topk + 1, n_split)](
+        q2s, k, v, pos32, start32, mask, anchor, geo.backward_len, geo.forward_len, part_lse, part_out,
+        *q2s.stride(), *k.stride(), *v.stride(), stride_mb,
+        heads, group, dim, geo.window, geo.max_len, split, n_split, scale,
+        HAS_MASK=has_mask, TOPK=topk, BLOCK_K=BLOCK_K, BLOCK_D=bd, num_warps=4,
+    )
+    out = torch.empty((batch, heads, 1, dim), dtype=q2.dtype, device=device)
+    out_s = out[:, :, 0]
+    _decode_merge_kernel[(batch * heads,)](
+        part_lse, part_out, anchor, score, out_s, *out_s.stride(), heads, dim, n_split,
+        TOPK=topk, NS_PAD=max(2, triton.next_power_of_2(n_split)), BLOCK_D=bd, num_warps=4,
+    )
+    if return_search:
+        return out, (anchor, score)
+    return out

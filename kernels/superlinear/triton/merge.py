@@ -1,0 +1,87 @@
+"""Triton merge and gate: out = sum_j g_j * attention(span_j U window), g = softmax(search scores).
+
+Each span's partials (lse_j, o_j) are merged with the window's (lse_w, o_w) by log-sum-exp:
+``O_j = (e^lse_j o_j + e^lse_w o_w) / (e^lse_j + e^lse_w)``; the gate is the softmax of the
+search scores over the valid spans.  A query with no valid span gets the window alone (the
+published gate becomes uniform then, with the same result); one with no key at all gets 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import block_dim, interpreting
+
+
+@triton.jit
+def merge_span(acc, gate_sum, score_max, anchor, score, span_lse, span_out, win_lse, win_out):
+    """Add one span's gated contribution (rows of a block) to ``acc``."""
+    valid = anchor >= 0
+    g = tl.where(valid, tl.exp(score - score_max), 0.0)
+    top = tl.maximum(span_lse, win_lse)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    a_span = tl.exp(span_lse - top)
+    a_win = tl.exp(win_lse - top)
+    den = a_span + a_win
+    c = g / tl.where(den > 0, den, 1.0)
+    acc = acc + (c * a_span)[:, None] * span_out + (c * a_win)[:, None] * win_out
+    return acc, gate_sum + g
+
+
+@triton.jit
+def _merge_kernel(
+    WIN_LSE, WIN_OUT, SPAN_LSE, SPAN_OUT, ANCHOR, SCORE, OUT,
+    stride_ob, stride_oh, stride_ol, stride_od,
+    H, LQ, DIM,
+    TOPK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    pid_q = tl.program_id(1)
+    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    row_ok = rows < LQ
+    d = tl.arange(0, BLOCK_D)
+    io_mask = row_ok[:, None] & (d[None, :] < DIM)
+    idx = pid_bh.to(tl.int64) * LQ + rows
+    win_lse = tl.load(WIN_LSE + idx, mask=row_ok, other=float("-inf"))
+    win_out = tl.load(WIN_OUT + idx[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
+    score_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    for j in tl.static_range(TOPK):
+        a = tl.load(ANCHOR + idx * TOPK + j, mask=row_ok, other=-1)
+        sc = tl.load(SCORE + idx * TOPK + j, mask=row_ok, other=float("-inf"))
+        score_max = tl.maximum(score_max, tl.where(a >= 0, sc, float("-inf")))
+    score_max = tl.where(score_max == float("-inf"), 0.0, score_max)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    gate_sum = tl.zeros([BLOCK_Q], tl.float32)
+    for j in tl.static_range(TOPK):
+        pair = idx * TOPK + j
+        a = tl.load(ANCHOR + pair, mask=row_ok, other=-1)
+        sc = tl.load(SCORE + pair, mask=row_ok, other=float("-inf"))
+        sl = tl.load(SPAN_LSE + pair, mask=row_ok, other=float("-inf"))
+        so = tl.load(SPAN_OUT + pair[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
+        acc, gate_sum = merge_span(acc, gate_sum, score_max, a, sc, sl, so, win_lse, win_out)
+    out = tl.where((gate_sum > 0)[:, None], acc / tl.where(gate_sum > 0, gate_sum, 1.0)[:, None], win_out)
+    b = pid_bh // H
+    h = pid_bh % H
+    tl.store(OUT + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+             + rows[:, None].to(tl.int64) * stride_ol + d[None, :] * stride_od,
+             out.to(OUT.dtype.element_ty), mask=io_mask)
+
+
+def merge_and_gate(win_lse, win_out, span_lse, span_out, anchor, score, out: torch.Tensor,
+                   block_q: int | None = None) -> torch.Tensor:
+    """Writes ``[B, H_Q, L_Q, D]`` into ``out`` (any strides, any float dtype)."""
+    batch, heads, query_len, dim = out.shape
+    if query_len == 0:
+        return out
+    topk = anchor.shape[-1]
+    if block_q is None:
+        block_q = 256 if interpreting() else 32
+    grid = (batch * heads, triton.cdiv(query_len, block_q))
+    _merge_kernel[grid](
+        win_lse, win_out, span_lse, span_out, anchor, score, out,
+        *out.stride(), heads, query_len, dim,
+        TOPK=topk, BLOCK_Q=block_q, BLOCK_D=block_dim(dim), num_warps=4,
+    )
+    return out

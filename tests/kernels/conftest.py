@@ -1,0 +1,118 @@
+"""Fixtures and helpers for the kernel tests.
+
+Triton kernels run on CPU through Triton's interpreter.  Triton decides at import time whether its
+own library is interpreted, and again at every launch, so:
+
+* this conftest sets ``TRITON_INTERPRET=1`` before anything imports triton and imports the kernel
+  modules under it (so they are interpreted functions);
+* it then restores the variable, so that other test suites' subprocesses do not inherit it, and the
+  ``triton_device`` fixture sets it again for the duration of each Triton test.
+
+``TRITON_INTERPRET=0`` in the environment (with a CUDA GPU) runs the same tests natively on the GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import pytest
+
+if importlib.util.find_spec("torch") is None:  # the kernels need torch (the "kernels" extra)
+    collect_ignore_glob = ["test_*.py"]
+    torch = None
+else:
+    import torch
+
+_NATIVE = os.environ.get("TRITON_INTERPRET") == "0"
+_TRITON_IMPORTED_BEFORE = "triton" in sys.modules
+_saved = os.environ.get("TRITON_INTERPRET")
+if not _NATIVE:
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton  # noqa: F401
+
+    import kernels.superlinear.triton.decode  # noqa: F401  (decorated now: interpreted or native)
+    import kernels.superlinear.triton.prefill  # noqa: F401
+    TRITON_IMPORT_ERROR = None
+except Exception as exc:  # pragma: no cover - triton (or torch) missing or broken
+    TRITON_IMPORT_ERROR = exc
+finally:
+    if _saved is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+
+
+def kernels_are_interpreted() -> bool:
+    from kernels.superlinear.triton import search
+
+    return type(search._search_kernel).__name__ == "InterpretedFunction"
+
+
+@pytest.fixture
+def triton_device(monkeypatch) -> str:
+    """Device for Triton tests: "cpu" under the interpreter, or "cuda" with TRITON_INTERPRET=0."""
+    if TRITON_IMPORT_ERROR is not None:
+        pytest.skip(f"triton unavailable: {TRITON_IMPORT_ERROR}")
+    if _NATIVE:
+        if not torch.cuda.is_available():
+            pytest.skip("TRITON_INTERPRET=0 needs a CUDA GPU")
+        return "cuda"
+    if _TRITON_IMPORTED_BEFORE or not kernels_are_interpreted():
+        pytest.skip("triton was imported before tests/kernels/conftest.py could enable its "
+                    "interpreter; run `python -m pytest tests/kernels`")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return "cpu"
+
+
+# --------------------------------------------------------------------------------------------------
+# Data helpers
+
+
+def exact_scores_tensor(shape, generator, dtype=None, device="cpu"):
+    """Random values on a 1/4 grid in [-2, 2]: their dot products (D <= 256) are exact in fp32 and
+    bf16 inputs, so every implementation computes bit-identical search scores and the top-k
+    selection (ties included) must agree exactly."""
+    x = torch.randint(-8, 9, shape, generator=generator).float() / 4
+    return x.to(device=device, dtype=dtype or torch.float32)
+
+
+def normal_tensor(shape, generator, dtype=None, device="cpu"):
+    return torch.randn(shape, generator=generator).to(device=device, dtype=dtype or torch.float32)
+
+
+def make_inputs(batch, heads, kv_heads, length, dim, seed=0, dtype=None, device="cpu",
+                same_query=False, key_len=None):
+    """q1 (exact grid), q2, k (exact grid), v (normal)."""
+    g = torch.Generator().manual_seed(seed)
+    key_len = length if key_len is None else key_len
+    k = exact_scores_tensor((batch, kv_heads, key_len, dim), g, dtype, device)
+    v = normal_tensor((batch, kv_heads, key_len, dim), g, dtype, device)
+    q1 = exact_scores_tensor((batch, heads, length, dim), g, dtype, device)
+    q2 = q1 if same_query else normal_tensor((batch, heads, length, dim), g, dtype, device)
+    return q1, q2, k, v
+
+
+def left_padding_mask(batch, key_len, pads, device="cpu"):
+    mask = torch.ones(batch, key_len, dtype=torch.bool, device=device)
+    for b, pad in enumerate(pads):
+        mask[b, :pad] = False
+    return mask
+
+
+def dense_causal_reference(q2, k, v, positions, key_mask, scale=None):
+    """Plain softmax attention of each query over all real keys <= its position (float64)."""
+    batch, heads, query_len, dim = q2.shape
+    group = heads // k.shape[1]
+    kk = k.double().repeat_interleave(group, 1)
+    vv = v.double().repeat_interleave(group, 1)
+    scale = dim ** -0.5 if scale is None else scale
+    logits = (q2.double() @ kk.transpose(-1, -2)) * scale
+    keys = torch.arange(k.shape[2])
+    allowed = keys <= positions[:, None, :, None]
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, None, None, :]
+    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+    return weights @ vv
