@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Mapping, Sequence
 
 import libcst as cst
+import libcst.matchers as m
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -60,6 +61,24 @@ class AnchoredTransformer(cst.CSTTransformer):
         if anchor not in self.anchors:
             raise KeyError(f"{type(self).__name__} records undeclared anchor {anchor!r}")
         self.hits[anchor] += 1
+
+    def marked_statement(self, code: str) -> cst.SimpleStatementLine:
+        """One line of injected code, carrying the patch's marker comment."""
+        return cst.parse_statement(f"{code}  {self.marker}\n")  # type: ignore[return-value]
+
+    def insert_after_first_import(self, module: cst.Module, code: str, anchor: str) -> cst.Module:
+        """Insert ``code`` (usually the runtime import) after the module's first import that is not
+        ``from __future__``; records ``anchor`` when such an import exists."""
+        body = list(module.body)
+        future = m.SimpleStatementLine(body=[m.ImportFrom(module=m.Name("__future__"))])
+        for position, statement in enumerate(body):
+            if m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and not m.matches(
+                statement, future
+            ):
+                self.hit(anchor)
+                body.insert(position + 1, self.marked_statement(code))
+                break
+        return module.with_changes(body=body)
 
     def anchor_report(self) -> list["AnchorResult"]:
         results = []

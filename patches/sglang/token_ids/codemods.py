@@ -26,18 +26,7 @@ class _TokenIdsTransformer(AnchoredTransformer):
     """The runtime import, and helpers for marked edits."""
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body = list(updated_node.body)
-        for position, statement in enumerate(body):
-            if m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and not m.matches(
-                statement, m.SimpleStatementLine(body=[m.ImportFrom(module=m.Name("__future__"))])
-            ):
-                self.hit("runtime-import")
-                body.insert(position + 1, self._statement(RUNTIME_IMPORT))
-                break
-        return updated_node.with_changes(body=body)
-
-    def _statement(self, code: str) -> cst.SimpleStatementLine:
-        return cst.parse_statement(f"{code}  {self.marker}\n")  # type: ignore[return-value]
+        return self.insert_after_first_import(updated_node, RUNTIME_IMPORT, "runtime-import")
 
     def _comment(self, existing: cst.Comment | None) -> cst.Comment:
         return cst.Comment(self.marker if existing is None else f"{self.marker}  {existing.value}")
@@ -103,7 +92,7 @@ class ProtocolTransformer(_TokenIdsTransformer):
         if name == "ChatCompletionRequest":
             self.hit("ChatCompletionRequest")
             if not any(_is_field(statement, "return_token_ids") for statement in body):
-                body = _after_last_field(body, self._statement("return_token_ids: bool = False"))
+                body = _after_last_field(body, self.marked_statement("return_token_ids: bool = False"))
         elif name in self.RESPONSE_FIELDS:
             field = self.RESPONSE_FIELDS[name]
             found = False
@@ -115,7 +104,7 @@ class ProtocolTransformer(_TokenIdsTransformer):
                     body[position] = self._omit_when_none(statement, field)
                     found = True
             if found:
-                body = _after_last_field(body, self._statement(f"{field}: list[int] | None = None"))
+                body = _after_last_field(body, self.marked_statement(f"{field}: list[int] | None = None"))
         else:
             return updated_node
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))

@@ -33,15 +33,7 @@ class _TitoTransformer(AnchoredTransformer):
         self._scope: list[str] = []  # enclosing class and function names, outermost first
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body = list(updated_node.body)
-        for position, statement in enumerate(body):
-            if m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and not m.matches(
-                statement, m.SimpleStatementLine(body=[m.ImportFrom(module=m.Name("__future__"))])
-            ):
-                self.hit("runtime-import")
-                body.insert(position + 1, self._statement(RUNTIME_IMPORT))
-                break
-        return updated_node.with_changes(body=body)
+        return self.insert_after_first_import(updated_node, RUNTIME_IMPORT, "runtime-import")
 
     # scope
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -65,9 +57,6 @@ class _TitoTransformer(AnchoredTransformer):
         return node
 
     # marked code
-    def _statement(self, code: str) -> cst.SimpleStatementLine:
-        return cst.parse_statement(f"{code}  {self.marker}\n")  # type: ignore[return-value]
-
     def _marked_line(self, line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         trailing = line.trailing_whitespace
         comment = self.marker if trailing.comment is None else f"{self.marker}  {trailing.comment.value}"
@@ -135,7 +124,7 @@ class ProtocolTransformer(_TitoTransformer):
         body = list(node.body.body)
         if name == "ChatCompletionLogProb":
             self.hit("ChatCompletionLogProb")
-            return _with_body(node, _after_last_field(body, [self._statement("token_id: int | None = None")]))
+            return _with_body(node, _after_last_field(body, [self.marked_statement("token_id: int | None = None")]))
         if name == "ChatCompletionRequest":
             self.hit("ChatCompletionRequest")
             fields = [self._mark_all(s) for s in cst.parse_module(REQUEST_FIELDS.lstrip()).body]
@@ -173,7 +162,7 @@ class OnlineRendererTransformer(_TitoTransformer):
         body = list(node.body.body)
         position = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
         new = [
-            self._statement(f"toolkit_ids = {RUNTIME}.prompt_ids_from_request(request, renderer)"),
+            self.marked_statement(f"toolkit_ids = {RUNTIME}.prompt_ids_from_request(request, renderer)"),
             cst.parse_statement(f"if toolkit_ids is not None:  {self.marker}\n    return toolkit_ids\n"),
         ]
         return _with_body(node, [*body[:position], *new, *body[position:]])
@@ -208,7 +197,7 @@ class ServingTransformer(_TitoTransformer):
             if m.matches(statement, self.RENDERED):
                 self.hit("rendered-prompt")
                 body.append(
-                    self._statement(
+                    self.marked_statement(
                         f"{RUNTIME}.check_prompt(request, engine_inputs, self.model_config.max_model_len)"
                     )
                 )
