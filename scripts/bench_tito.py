@@ -41,7 +41,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolkit import apply_patch, engine, patch_status, revert_patch  # noqa: E402
+from toolkit import apply_patch, patch_status, revert_patch  # noqa: E402
 from verify.server import EngineServer, engine_version as _engine_version  # noqa: E402
 
 CONCURRENCY = 32
@@ -66,33 +66,15 @@ PROMPTS = [
 # the patch
 
 
-@contextlib.contextmanager
-def tito_registered():
-    """The tito patch in toolkit's registry, until patches.PATCH_MODULES lists it."""
-    from patches.vllm.tito import PATCH
-
-    original = engine.registry
-    patches = original()
-    if not any(p.engine == "vllm" and p.id == PATCH.id for p in patches):
-        patches.append(PATCH)
-    engine.registry = lambda: list(patches)
-    try:
-        yield
-    finally:
-        engine.registry = original
-
-
 def tito_applied(python: str) -> bool:
-    with tito_registered():
-        return any(r.patch_id == "tito" and r.state == "applied" for r in patch_status("vllm", python))
+    return any(r.patch_id == "tito" and r.state == "applied" for r in patch_status("vllm", python))
 
 
 def set_tito(python: str, on: bool) -> None:
-    with tito_registered():
-        if on:
-            apply_patch(engine="vllm", patches=["tito"], python=python)
-        else:
-            revert_patch(engine="vllm", patches=["tito"], python=python)
+    if on:
+        apply_patch(engine="vllm", patches=["tito"], python=python)
+    else:
+        revert_patch(engine="vllm", patches=["tito"], python=python)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -273,7 +255,7 @@ def render_latency(base_url: str, model: str, content: str, pairs: int) -> dict:
 IN_PROCESS = r'''
 import json, sys, timeit, types
 import vllm.entrypoints.openai.chat_completion.protocol as original
-from patches.vllm.tito import PATCH, runtime
+from patches.vllm.tito.patch import PATCH, runtime
 from toolkit.transform import transform_or_raise
 
 edit = next(e for e in PATCH.files if e.relpath.endswith("chat_completion/protocol.py"))

@@ -196,6 +196,8 @@ def reconcile(
                 state.clear()  # the backups belong to another install: never restore them here
             return Result(engine, [], [], dry_run)
 
+        if manifest is not None and target:
+            _refuse_foreign(engine, manifest.patches, manifest.toolkit_version)
         originals, wanted, patch_ids = _wanted_contents(engine, state, manifest, target)
 
         drifted = []
@@ -266,6 +268,19 @@ def reconcile(
         return Result(engine, applied_ids, changes, False)
 
 
+def _refuse_foreign(engine: InstalledEngine, applied: Sequence[str], by_version: str) -> None:
+    """A patch applied by another toolkit (or one since removed from this one) can be neither kept nor
+    re-derived here; dropping it silently would revert it behind the user's back."""
+    known = {p.id for p in registry() if p.engine == engine.engine}
+    foreign = [pid for pid in applied if pid not in known]
+    if foreign:
+        raise PatchError(
+            f"{engine.engine} {engine.version} has patches applied that this toolkit {__version__} does "
+            f"not know: {', '.join(foreign)} (applied by toolkit {by_version}); run `toolkit revert` "
+            "first, which restores the originals"
+        )
+
+
 def _read_or_none(path: Path) -> bytes | None:
     try:
         return path.read_bytes()
@@ -318,6 +333,9 @@ def revert(
     if patch_ids:
         patches_for(engine.engine, patch_ids)  # unknown ids are a usage error
     remaining = [pid for pid in applied_ids(engine) if patch_ids and pid not in patch_ids]
+    if remaining:
+        manifest = StateDir(Path(engine.package_dir).parent, engine.engine).read_manifest()
+        _refuse_foreign(engine, remaining, manifest.toolkit_version if manifest else "?")
     return reconcile(
         engine, remaining, force=force, dry_run=dry_run, lock_timeout=lock_timeout,
         allow_unknown_version=True, reverting=True,

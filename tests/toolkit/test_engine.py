@@ -161,6 +161,21 @@ def test_two_patches_on_one_file_revert_one_keeps_the_other(installed, tree):
     assert (fresh / "sglang/srt/serving.py").read_bytes() == (tree / "sglang/srt/serving.py").read_bytes()
 
 
+def test_patch_unknown_to_this_toolkit_is_never_dropped_silently(installed, tree, monkeypatch):
+    """A patch applied by another toolkit release (absent from this registry) blocks apply and a
+    partial revert with a message naming it; a whole revert still restores every original."""
+    original = digests(tree)
+    engine.apply(installed, ["demo", "second"])
+    patched = digests(tree)
+    monkeypatch.setattr(engine, "registry", lambda: [p for p in demo_patches.ALL if p.id != "demo"])
+    for attempt in (lambda: engine.apply(installed, ["second"]), lambda: engine.revert(installed, ["second"])):
+        with pytest.raises(PatchError, match="does not know: demo"):
+            attempt()
+        assert digests(tree) == patched
+    engine.revert(installed)
+    assert digests(tree) == original
+
+
 def test_file_mode_kept_and_stale_bytecode_removed(installed, tree):
     serving = tree / "sglang/srt/serving.py"
     os.chmod(serving, 0o444)  # a read-only target file

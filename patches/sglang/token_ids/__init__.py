@@ -7,17 +7,5 @@ runs with ``TOOLKIT_RETURN_TOKEN_IDS=1``; otherwise responses are byte-identical
 0.5.23's own non-streaming fields (``return_prompt_token_ids``, ``response_token_ids``...) keep working.
 """
 
-from patches.sglang.token_ids.codemods import ProtocolTransformer, ServingChatTransformer
-from toolkit.codemod import FileEdit, Patch
-
-PATCH = Patch(
-    id="token-ids",
-    engine="sglang",
-    versions=("==0.5.9", "==0.5.23"),
-    files=(
-        FileEdit("srt/entrypoints/openai/protocol.py", (ProtocolTransformer,)),
-        FileEdit("srt/entrypoints/openai/serving_chat.py", (ServingChatTransformer,)),
-    ),
-    summary="prompt_token_ids and per-choice token_ids on chat completions, streaming included",
-    runtime_modules=("patches.sglang.token_ids.runtime",),
-)
+# The declaration lives in .patch so that importing .runtime inside the engine loads neither
+# libcst nor the patch engine.

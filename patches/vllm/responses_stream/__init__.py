@@ -9,28 +9,5 @@ response holds the same items as the stream. :mod:`.grammar` checks a stream aga
 grammar (engine-independent; ``toolkit verify`` uses it). See docs/responses-streaming.md.
 """
 
-from __future__ import annotations
-
-from toolkit.codemod import FileEdit, Patch
-
-from patches.vllm.responses_stream.codemods import (
-    BackgroundStreamEnd,
-    ImportRuntime,
-    NonStreamingItems,
-    ReplaceSimpleStreaming,
-    TerminalEvents,
-)
-
-PATCH = Patch(
-    id="responses-stream",
-    engine="vllm",
-    versions=(">=0.32,<0.34",),
-    files=(
-        FileEdit(
-            "entrypoints/openai/responses/serving.py",
-            (ImportRuntime, ReplaceSimpleStreaming, NonStreamingItems, TerminalEvents, BackgroundStreamEnd),
-        ),
-    ),
-    summary="Responses API streaming: reasoning, text and tool calls in any order, grammar-correct events",
-    runtime_modules=("patches.vllm.responses_stream.runtime",),
-)
+# The declaration lives in .patch so that importing .runtime inside the engine loads neither
+# libcst nor the patch engine.

@@ -7,18 +7,5 @@ sampling option, tool and reasoning parsing and streaming working as they do wit
 Bad input is a 400 naming the field. The contract, with examples: docs/tito.md.
 """
 
-from patches.vllm.tito.codemods import OnlineRendererTransformer, ProtocolTransformer, ServingTransformer
-from toolkit.codemod import FileEdit, Patch
-
-PATCH = Patch(
-    id="tito",
-    engine="vllm",
-    versions=(">=0.32,<0.34",),
-    files=(
-        FileEdit("entrypoints/openai/chat_completion/protocol.py", (ProtocolTransformer,)),
-        FileEdit("renderers/online_renderer.py", (OnlineRendererTransformer,)),
-        FileEdit("entrypoints/openai/chat_completion/serving.py", (ServingTransformer,)),
-    ),
-    summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
-    runtime_modules=("patches.vllm.tito.runtime",),
-)
+# The declaration lives in .patch so that importing .runtime inside the engine loads neither
+# libcst nor the patch engine.

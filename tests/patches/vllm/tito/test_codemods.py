@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.vllm.tito import PATCH
+from patches.vllm.tito.patch import PATCH
 from toolkit import engine
 from toolkit.errors import AnchorError
 from toolkit.sources import load_source
@@ -316,7 +316,7 @@ def _digests(site: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("name", sorted(TREES))
-def test_apply_then_revert_is_byte_identical_on_real_sources(name, tmp_path, registered):
+def test_apply_then_revert_is_byte_identical_on_real_sources(name, tmp_path):
     site = _copy(name, tmp_path)
     installed = load_source(site).as_installed()
     original = _digests(site)
