@@ -117,3 +117,22 @@ class ChatClient:
                     if choice.get("finish_reason"):
                         state.finish_reason = choice["finish_reason"]
         return outcome
+
+    def responses(self, body: dict[str, Any], *, stream: bool) -> Any:
+        """POST /v1/responses: the parsed SSE events when streaming, else the response object."""
+        from patches.vllm.responses_stream.grammar import parse_sse
+
+        body = {"model": self.model, **body, "stream": stream}
+        try:
+            if not stream:
+                response = self.http.post("/v1/responses", json=body)
+                if response.status_code != 200:
+                    raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+                return response.json()
+            with self.http.stream("POST", "/v1/responses", json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+                return parse_sse(list(response.iter_lines()))
+        except httpx.TransportError as exc:
+            raise ServerGone(f"{type(exc).__name__}: {exc}") from exc

@@ -30,19 +30,31 @@ def assert_cleaned_up(report) -> None:
     assert report.server_temp_dir and not Path(report.server_temp_dir).exists()
 
 
-def test_cli_verify_passes_on_vllm_cpu_and_skips_what_needs_a_missing_patch(vllm_python, tiny_model):
-    proc = subprocess.run(
-        [sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--python", vllm_python, "--json"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-    )
+def test_cli_verify_passes_every_check_on_patched_vllm_cpu(vllm_python, tiny_model):
+    """vllm-cpu with tito and responses-stream applied: every check runs and passes, the Responses-API
+    grammar check included. (Skipping for a missing patch is covered by the unpatched SGLang case.)"""
+    from toolkit import apply_patch, patch_status, revert_patch
+
+    ours = ["tito", "responses-stream"]
+    before = {row.patch_id for row in patch_status("vllm", python=vllm_python) if row.state == "applied"}
+    apply_patch("vllm", ours, python=vllm_python)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--python", vllm_python, "--json"],
+            capture_output=True, text=True, timeout=600, cwd=REPO,
+        )
+    finally:
+        added = [p for p in ours if p not in before]
+        if added:
+            revert_patch("vllm", added, python=vllm_python)
     report = json.loads(proc.stdout)
     statuses = {r["name"]: r["status"] for r in report["results"]}
     assert proc.returncode == 0, (statuses, report["results"], proc.stderr[-2000:])
     assert report["verdict"] == "pass" and report["engine"] == "vllm"
-    # vLLM 0.32 has return_token_ids natively; only the input_ids round trip needs our TITO patch
-    expected_skips = set() if "tito" in report["applied_patches"] else {"input-ids"}
-    assert {n for n, s in statuses.items() if s == "skip"} == expected_skips
-    assert {n for n, s in statuses.items() if s == "pass"} == set(statuses) - expected_skips
+    assert set(statuses.values()) == {"pass"} and "responses-stream" in statuses and "input-ids" in statuses
+    responses = next(r for r in report["results"] if r["name"] == "responses-stream")
+    assert "cut by max_output_tokens" in responses["detail"] and "tools offered: " in responses["detail"]
+    assert "skipped" not in responses["detail"], responses
     assert all(pid > 0 and not pid_alive(pid) for pid in report["server_pids"])
     assert not Path(report["server_temp_dir"]).exists()
     print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
@@ -57,7 +69,8 @@ def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_mod
     assert report.apply_first == ["token-ids"]
     assert report.verdict == "nothing verified" and not report.ok
     assert all(r.status == "skip" for r in report.results)
-    assert all("token-ids is not applied" in r.detail for r in report.results if r.name != "input-ids")
+    assert all("token-ids is not applied" in r.detail for r in report.results if r.name not in ("input-ids", "responses-stream"))
+    assert "not available on sglang" in next(r.detail for r in report.results if r.name == "responses-stream")
     assert_cleaned_up(report)
 
 
