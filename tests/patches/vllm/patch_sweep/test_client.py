@@ -1,0 +1,108 @@
+"""PatchStudy and SweepResult: unit tests of the result (no server), then the client against the
+session's real patch-sweep server (conftest.py): server-side and per-cell paths agree."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from toolkit.patch_study import CapturedRun, PatchStudy, PatchStudyError, Span, SweepResult
+
+CAT = ("The cat sat on the mat.", "The dog sat on the mat.")
+
+
+def result(grid) -> SweepResult:
+    return SweepResult(grid=grid, layers=[0, 1], positions=[3, 1, 2], position_tokens=["a", "b", "c"],
+                       metric="logit_diff", hook="post_block", source_run="r")
+
+
+def test_argmax_top_and_numpy():
+    sweep = result([[0.5, None, 2.0], [-1.0, 2.0, 0.25]])
+    assert sweep.argmax_cell() == (0, 2, 2.0)  # ties: grid order
+    assert sweep.top(3) == [(0, 2, 2.0), (1, 1, 2.0), (0, 3, 0.5)]
+    array = sweep.to_numpy()
+    assert array.shape == (2, 3) and math.isnan(array[0, 1]) and array[1, 0] == -1.0
+    assert result([[None, None, None], [None, None, None]]).argmax_cell() is None
+
+
+def test_plot_writes_a_png_and_the_terminal_rendering_names_tokens(tmp_path):
+    sweep = result([[0.5, None, 2.0], [-1.0, 2.0, 0.25]])
+    path = sweep.plot(tmp_path / "heat.png")
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and b"IDAT" in data and data.endswith(b"IEND\xaeB`\x82")
+    text = sweep.to_text()
+    assert "3:'a'" in text and "2:'c'" in text and "—" in text and "0.25" in text
+
+
+def test_builtin_png_has_one_square_per_cell(tmp_path):
+    import struct
+    import zlib
+
+    from toolkit.patch_study import _heatmap_png
+
+    png = _heatmap_png([[0.0, 1.0], [None, 0.5]], cell=4)
+    width, height = struct.unpack(">II", png[16:24])
+    assert (width, height) == (8, 8)
+    idat = png[png.index(b"IDAT") + 4: png.index(b"IEND") - 8]
+    pixels = zlib.decompress(idat)
+    assert len(pixels) == height * (1 + width * 3)
+    first_row = pixels[1:1 + width * 3]
+    assert first_row[:3] == bytes((40, 90, 255)) and first_row[-3:] == bytes((255, 90, 40))  # low blue, high red
+
+
+def test_per_cell_path_refuses_clean_prompt_without_a_captured_run():
+    study = PatchStudy("http://127.0.0.1:9")  # nothing is sent: the call is refused first
+    with pytest.raises(ValueError, match="clean_prompt needs server_side=True"):
+        study.sweep_layers_positions("x", clean_prompt="y", answer_token_id=1, server_side=False)
+    with pytest.raises(PatchStudyError, match="give run="):
+        study.sweep_layers_positions("x", answer_token_id=1)
+
+
+# --------------------------------------------------------------------------------------------------
+# against the real server
+
+
+
+@pytest.mark.parametrize("metric", ["logprob", "logit_diff", "recovered"])
+@pytest.mark.engine
+@pytest.mark.server
+def test_server_side_and_per_cell_paths_agree(sweep_server, metric):
+    study = PatchStudy(sweep_server.base_url)
+    run = study.capture(CAT[0], layers=[0, 1], hooks=["post_attn"])
+    assert isinstance(run, CapturedRun) and run.captured == {"post_attn": [0, 1]}
+    kwargs = dict(layers="all", positions=[Span("dog"), 0, Span("at", 1)], hook="post_attn", answer_token=" mat",
+                  foil_token=" the", metric=metric)
+    seen_server: list = []
+    seen_cells: list = []
+    server = study.sweep_layers_positions(CAT[1], run=run, on_cell=lambda *c: seen_server.append(c), **kwargs)
+    cells = study.sweep_layers_positions(CAT[1], run=run, server_side=False, on_cell=lambda *c: seen_cells.append(c),
+                                         **kwargs)
+    assert server.positions == cells.positions and server.layers == cells.layers == [0, 1]
+    assert len(server.positions) == 4  # ' do', 'g', 'The', and the 'at' of "sat"
+    for got_row, want_row in zip(cells.grid, server.grid):
+        for got, want in zip(got_row, want_row):
+            assert abs(got - want) <= 1e-4
+    assert sorted((l, p) for l, p, _ in seen_server) == sorted((l, p) for l, p, _ in seen_cells)
+    assert len(seen_server) == 8
+    assert server.argmax_cell()[:2] == cells.argmax_cell()[:2]
+
+
+@pytest.mark.engine
+@pytest.mark.server
+def test_clean_prompt_is_captured_in_the_same_call(sweep_server):
+    study = PatchStudy(sweep_server.base_url)
+    result = study.sweep_layers_positions(CAT[1], clean_prompt=CAT[0], layers=[1], positions=[Span("dog")],
+                                          answer_token=" mat")
+    assert result.auto_captured is True and result.captured_source_run == result.source_run
+    assert result.source_run.startswith("study-") and result.source_run in [r["name"] for r in study.runs()]
+    study.delete(result.source_run)
+    assert result.source_run not in [r["name"] for r in study.runs()]
+
+
+@pytest.mark.engine
+@pytest.mark.server
+def test_server_errors_surface_as_patch_study_errors(sweep_server):
+    study = PatchStudy(sweep_server.base_url)
+    with pytest.raises(PatchStudyError, match="span 'zebra' not found"):
+        study.sweep_layers_positions(CAT[1], clean_prompt=CAT[0], positions=[Span("zebra")], answer_token=" mat")
