@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 
 import torch
-
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 from patches.vllm.superlinear.config import load_config

@@ -16,10 +16,10 @@ from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
-
 from vllm import _custom_ops as ops
 from vllm.config import get_current_vllm_config
 from vllm.logger import init_logger
+from vllm.platforms import current_platform
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackend,
@@ -29,7 +29,11 @@ from vllm.v1.attention.backends.cpu_attn import (
 )
 
 from patches.vllm.superlinear.config import load_config
-from patches.vllm.superlinear.paged import layout_from_probe, read_blocks, split_kv_cache
+from patches.vllm.superlinear.paged import (
+    layout_from_probe,
+    read_blocks,
+    split_kv_cache,
+)
 from patches.vllm.superlinear.ragged import superlinear_ragged
 
 # A child of the "vllm" logger: vLLM configures handlers for its own namespace only.
@@ -68,6 +72,10 @@ class SuperlinearCPUAttentionImpl(CPUAttentionBackendImpl):
     _layouts: ClassVar[dict] = {}
 
     def __init__(self, *args, **kwargs) -> None:
+        if not current_platform.is_cpu():
+            raise NotImplementedError(
+                "superlinear attention for vLLM is built on vLLM's CPU attention backend and runs on CPU "
+                "only in this release (docs/superlinear.md); use a dense --attention-backend on GPU")
         super().__init__(*args, **kwargs)
         self.superlinear = engine_config()
         reasons = []

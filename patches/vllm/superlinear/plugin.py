@@ -15,9 +15,12 @@ BACKEND_PATH = "patches.vllm.superlinear.backend.SuperlinearCPUBackend"
 
 
 def register() -> None:
-    from patches.vllm.superlinear.config import backend_enabled, load_config
+    from vllm.v1.attention.backends.registry import (
+        AttentionBackendEnum,
+        register_backend,
+    )
 
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from patches.vllm.superlinear.config import backend_enabled, load_config
 
     enabled = backend_enabled()  # raises on a value it does not understand
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)

@@ -78,3 +78,79 @@ def max_gap(a: list[float], b: list[float]) -> float:
 def mean_gap(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b) and a
     return math.fsum(abs(x - y) for x, y in zip(a, b)) / len(a)
+
+
+def generate_sglang(base_url: str, ids: list[int], max_tokens: int, prompt_logprobs: bool = False,
+                    timeout: float = 600) -> Completion:
+    """The same through SGLang's native ``/generate`` (it has prompt logprobs and token-id prompts)."""
+    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0 if prompt_logprobs else -1,
+            "sampling_params": {"temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}}
+    req = urllib.request.Request(base_url + "/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    start = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        data = json.loads(resp.read())
+    seconds = time.perf_counter() - start
+    meta = data["meta_info"]
+    out = meta["output_token_logprobs"]
+    plp = [entry[0] for entry in meta["input_token_logprobs"][1:]] if prompt_logprobs else None
+    return Completion([entry[1] for entry in out], [entry[0] for entry in out], plp, seconds)
+
+
+def generate_all_sglang(base_url: str, prompts: list[list[int]], max_tokens: int, prompt_logprobs: bool = False,
+                        concurrent: bool = False) -> list[Completion]:
+    def one(p):
+        return generate_sglang(base_url, p, max_tokens, prompt_logprobs)
+    if not concurrent:
+        return [one(p) for p in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, prompts))
+
+
+# --- what both engines' server tests send and check ----------------------------------------------
+
+GEN = 12
+COVERING_LENS = (40, 90, 130, 150)  # + GEN generated tokens stays below COVERING_TOKENS
+LONG_LEN = 3900
+LONG_GEN = 4
+# Logprobs in the covering regime: the same math as dense, summed in another order (fp32).
+ROUNDING = 2e-4
+# Mean |prompt logprob gap| allowed on the long prompt (an approximation; tiny random model).
+LONG_GAP = 0.25
+
+
+def covering_prompts() -> list[list[int]]:
+    assert max(COVERING_LENS) + GEN <= COVERING_TOKENS
+    return [prompt_ids(n, seed=n) for n in COVERING_LENS]
+
+
+def long_prompts() -> list[list[int]]:
+    return [prompt_ids(LONG_LEN, seed=1000 + i) for i in range(2)]
+
+
+def assert_covering_equal(dense: list[Completion], got: list[Completion]) -> None:
+    assert len(dense) == len(got)
+    for ref, out in zip(dense, got):
+        assert out.token_ids == ref.token_ids
+        assert max_gap(out.logprobs, ref.logprobs) <= ROUNDING
+
+
+def assert_long_close(dense_alone: Completion, alone: Completion, dense_together: list[Completion],
+                      together: list[Completion]) -> float:
+    """The long prompt alone and in a batch [it, another long one, short ones]; returns the mean gap."""
+    assert len(alone.token_ids) == LONG_GEN and len(alone.prompt_logprobs) == LONG_LEN - 1
+    gap = mean_gap(alone.prompt_logprobs, dense_alone.prompt_logprobs)
+    near = max_gap(alone.prompt_logprobs[:COVERING_TOKENS - 1], dense_alone.prompt_logprobs[:COVERING_TOKENS - 1])
+    print(f"\nlong prompt ({LONG_LEN} tokens): mean |logprob gap| vs dense {gap:.4f} nats, "
+          f"max {max_gap(alone.prompt_logprobs, dense_alone.prompt_logprobs):.4f}; "
+          f"first {COVERING_TOKENS} tokens max {near:.2e}")
+    assert near <= ROUNDING  # the covered prefix is dense attention
+    assert gap < LONG_GAP
+    # In a batch, the same long prompt gives what it gives alone; the others are right too.
+    assert together[0].token_ids == alone.token_ids
+    assert max_gap(together[0].prompt_logprobs, alone.prompt_logprobs) <= ROUNDING
+    assert mean_gap(together[1].prompt_logprobs, dense_together[1].prompt_logprobs) < LONG_GAP
+    for out, ref in zip(together[2:], dense_together[2:]):
+        assert out.token_ids == ref.token_ids
+        assert max_gap(out.prompt_logprobs, ref.prompt_logprobs) <= ROUNDING
+    return gap

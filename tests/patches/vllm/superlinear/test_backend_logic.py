@@ -12,16 +12,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels.superlinear.api import superlinear_attention  # noqa: E402
-from patches.vllm.superlinear.config import (  # noqa: E402
+from kernels.superlinear.api import superlinear_attention
+from patches.vllm.superlinear.config import (
     SuperlinearConfig,
     SuperlinearConfigError,
     backend_enabled,
     covering_length,
     load_config,
 )
-from patches.vllm.superlinear.paged import layout_from_probe, read_blocks, split_kv_cache  # noqa: E402
-from patches.vllm.superlinear.ragged import superlinear_ragged  # noqa: E402
+from patches.vllm.superlinear.paged import (
+    layout_from_probe,
+    read_blocks,
+    split_kv_cache,
+)
+from patches.vllm.superlinear.ragged import superlinear_ragged
 
 HQ, HKV, D, BS = 4, 2, 32, 16
 COVERING = SuperlinearConfig(sw_index=7, backward_factor=8.0, forward_factor=8.0)

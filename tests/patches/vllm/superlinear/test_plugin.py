@@ -44,7 +44,7 @@ def probe(python: str, **env: str) -> subprocess.CompletedProcess:
     import os
     full = {k: v for k, v in os.environ.items() if not k.startswith("TOOLKIT_")}
     full.update(env, VLLM_TARGET_DEVICE="cpu")
-    return subprocess.run([python, "-c", PROBE], capture_output=True, text=True, env=full, timeout=300)
+    return subprocess.run([python, "-c", PROBE], check=False, capture_output=True, text=True, env=full, timeout=300)
 
 
 def result(proc: subprocess.CompletedProcess) -> dict:

@@ -1,0 +1,25 @@
+"""The ``patches.sglang.superlinear_backend`` patch declaration: what it rewrites, on which versions.
+
+SGLang 0.5.23 gets the same backend from its plugin entry point (``patches.sglang.superlinear.plugin``)
+and needs no patch.
+"""
+
+from patches.sglang.superlinear_backend.codemods import (
+    ChoicesTransformer,
+    RegistryTransformer,
+    SupportTritonTransformer,
+)
+from toolkit.codemod import FileEdit, Patch
+
+PATCH = Patch(
+    id="superlinear-backend",
+    engine="sglang",
+    versions=("==0.5.9",),
+    files=(
+        FileEdit("srt/layers/attention/attention_registry.py", (RegistryTransformer,)),
+        FileEdit("srt/server_args.py", (ChoicesTransformer,)),
+        FileEdit("srt/utils/common.py", (SupportTritonTransformer,)),
+    ),
+    summary="--attention-backend superlinear (superlinear attention over the token KV pool, CPU included)",
+    runtime_modules=("patches.sglang.superlinear_backend.runtime",),
+)
