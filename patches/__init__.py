@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 # not drag libcst and the patch engine in with it.
 PATCH_MODULES: tuple[str, ...] = (
     "patches.sglang.token_ids.patch",
+    "patches.sglang.tito.patch",
     "patches.sglang.superlinear_backend.patch",
     "patches.vllm.patch_sweep.patch",
     "patches.vllm.responses_stream.patch",

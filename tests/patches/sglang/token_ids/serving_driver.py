@@ -22,6 +22,7 @@ import importlib.metadata
 import json
 import os
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 from packaging.version import Version
@@ -83,11 +84,15 @@ class ScriptedTokenizerManager:
         self.incremental_streaming_output = incremental  # 0.5.23's manager keeps its flag here
         self.incremental = incremental
         hf_config = SimpleNamespace(model_type="llama", architectures=["LlamaForCausalLM"])
+        config = json.loads((Path(server_args.model_path) / "config.json").read_text())
+        self.context_len = config["max_position_embeddings"]
         self.model_config = SimpleNamespace(
-            is_multimodal=False, hf_config=hf_config, get_default_sampling_params=lambda: {}
+            is_multimodal=False, hf_config=hf_config, get_default_sampling_params=lambda: {},
+            vocab_size=config["vocab_size"], context_len=self.context_len,
         )
         self.completions: list[list[int]] = []
         self.step_sizes: list[int] = [1]
+        self.requests: list = []  # every GenerateReqInput received, as the engine would get it
 
     def create_abort_task(self, obj):
         return None
@@ -101,13 +106,49 @@ class ScriptedTokenizerManager:
         # The detokenizer drops the matched EOS from the text; ids keep it.
         return self.tokenizer.decode([t for t in ids if t != self.tokenizer.eos_token_id])
 
+    def _logprob(self, position: int, token: int) -> tuple[float, int, str]:
+        """A made-up logprob triple ``(logprob, id, text)``, as SGLang's meta_info holds them."""
+        return (-0.25 - position / 64, token, self.tokenizer.decode([token]))
+
+    def _logprobs(self, obj, prompt: list[int], ids: list[int], start: int) -> dict:
+        """SGLang's logprob entries of meta_info for output ids ``ids[start:]`` (and the prompt when
+        ``logprob_start_len`` >= 0): tops are the sampled id and the next id of the vocabulary."""
+        if not getattr(obj, "return_logprob", False):
+            return {}
+        top = getattr(obj, "top_logprobs_num", 0) or 0
+        vocab = self.model_config.vocab_size
+
+        def tops(position: int, token: int) -> list:
+            row = [self._logprob(position, token), self._logprob(position + 1, (token + 1) % vocab)]
+            return row[:top]
+
+        meta = {"output_token_logprobs": [self._logprob(i, t) for i, t in enumerate(ids) if i >= start],
+                "output_token_logprobs_length": len(ids)}  # 0.5.23 reads the count so far here
+        if top:
+            meta["output_top_logprobs"] = [tops(i, t) for i, t in enumerate(ids) if i >= start]
+        logprob_start = getattr(obj, "logprob_start_len", -1)
+        if logprob_start is not None and logprob_start >= 0:
+            # position 0 has no logprob; SGLang sends None there
+            meta["input_token_logprobs"] = [
+                (None if i == 0 else self._logprob(i, t)[0], t, self.tokenizer.decode([t]))
+                for i, t in enumerate(prompt) if i >= logprob_start
+            ]
+            if top:
+                meta["input_top_logprobs"] = [None if i == 0 else tops(i, t)
+                                              for i, t in enumerate(prompt) if i >= logprob_start]
+        return meta
+
     async def generate_request(self, obj, request=None):
         """Non-streaming: one final output per choice (a list when n > 1). Streaming: the choices'
         outputs interleaved, a few ids each, as the real manager yields them."""
+        self.requests.append(obj)
         prompt = obj.input_ids[0] if isinstance(obj.input_ids[0], list) else obj.input_ids  # n > 1 expands it
 
-        def output(index: int, sent: int, text: str, output_ids: list[int]) -> dict:
+        def output(index: int, sent: int, text: str, output_ids: list[int], before: int = 0) -> dict:
             finished = sent == len(self.completions[index])
+            # logprobs are cumulative, except 0.5.23's incremental streaming (only the new ones)
+            logprobs = self._logprobs(obj, list(prompt), self.completions[index][:sent],
+                                      before if self.incremental and NEW else 0)
             out = {
                 "text": text,
                 "output_ids": output_ids,
@@ -119,6 +160,7 @@ class ScriptedTokenizerManager:
                     "cached_tokens": 0,
                     "weight_version": "default",
                     "total_retractions": 0,
+                    **logprobs,
                 },
                 "index": index,
             }
@@ -144,7 +186,7 @@ class ScriptedTokenizerManager:
                     text = text[len(self._text(ids[:before])):]
                 new_ids = list(ids[before:after]) if self.incremental else list(ids[:after])
                 await asyncio.sleep(0)
-                yield output(index, after, text, new_ids)
+                yield output(index, after, text, new_ids, before)
 
 
 def serving_for(model: str, tokenizer, parsers: dict, incremental: bool) -> OpenAIServingChat:

@@ -108,7 +108,7 @@ def runs(request, tmp_path_factory) -> Runs:
         env = serve(python, model, ids=True, env={"TOOLKIT_RETURN_TOKEN_IDS": "1"}) if version == ENV_VERSION else None
     finally:
         assert revert_patch(engine="sglang", patches=["token-ids"], python=python)
-    status = {row.state for row in patch_status(engine="sglang", python=python)}
+    status = {row.state for row in patch_status(engine="sglang", python=python) if row.patch_id == "token-ids"}
     return Runs(version, AutoTokenizer.from_pretrained(model), unpatched, patched, env, sha_before,
                 sha256s(python), status)
 

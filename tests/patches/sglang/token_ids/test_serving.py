@@ -63,13 +63,13 @@ def runs(request, tmp_path_factory) -> Runs:
     unpatched = drive(python, model)
     assert apply_patch(engine="sglang", patches=["token-ids"], python=python) is True
     try:
-        status_patched = {row.state for row in patch_status(engine="sglang", python=python)}
+        status_patched = {row.state for row in patch_status(engine="sglang", python=python) if row.patch_id == "token-ids"}
         sha_patched = sha256s(python)
         patched = drive(python, model)
         patched_env = drive(python, model, TOOLKIT_RETURN_TOKEN_IDS="1")
     finally:
         assert revert_patch(engine="sglang", patches=["token-ids"], python=python) is True
-    status_reverted = {row.state for row in patch_status(engine="sglang", python=python)}
+    status_reverted = {row.state for row in patch_status(engine="sglang", python=python) if row.patch_id == "token-ids"}
     return Runs(version, unpatched, patched, patched_env, drive(python, model), sha_before, sha_patched,
                 sha256s(python), status_patched, status_reverted)
 

@@ -1,0 +1,16 @@
+"""The ``patches.sglang.tito`` patch declaration: what it rewrites, on which versions."""
+
+from patches.sglang.tito.codemods import ProtocolTransformer, ServingChatTransformer
+from toolkit.codemod import FileEdit, Patch
+
+PATCH = Patch(
+    id="tito",
+    engine="sglang",
+    versions=("==0.5.9", "==0.5.23"),
+    files=(
+        FileEdit("srt/entrypoints/openai/protocol.py", (ProtocolTransformer,)),
+        FileEdit("srt/entrypoints/openai/serving_chat.py", (ServingChatTransformer,)),
+    ),
+    summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
+    runtime_modules=("patches.sglang.tito.runtime",),
+)

@@ -1,0 +1,381 @@
+"""What the tito-patched SGLang chat code calls: token-in/token-out on ``/v1/chat/completions``.
+
+Imported by the patched ``protocol.py`` and ``serving_chat.py`` inside SGLang's API-server process,
+so it imports the standard library only and is unit-tested without SGLang.
+
+The contract (docs/tito.md), the same as on vLLM:
+
+- ``input_ids``: the prompt is exactly these ids (no chat template, no tokenization); ``messages``
+  may still be sent, for the parsers, but never changes the prompt. With the ``token-ids`` patch
+  applied they come back as ``prompt_token_ids`` (``return_token_ids`` defaults to true with them).
+- ``logprob_start_len`` (SGLang's own meaning, which upstream hard-codes to -1 on chat): prompt
+  logprobs from that position on, as ``prompt_logprobs`` in vLLM's shape; -1 (the default) computes
+  none, so prefix caching stays intact.
+- ``token_id`` on every logprob entry and on each of its ``top_logprobs``.
+
+Bad input raises ``ValueError``: in a pydantic validator SGLang turns it into an HTTP 400 through its
+request-validation handler; in the serving class, ``handle_request`` answers it with a 400.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+TOKEN_IDS_RUNTIME = "patches.sglang.token_ids.runtime"
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is an int subclass; JSON 1.0 is a float: neither is a token id
+
+
+def token_ids_patch_loaded() -> bool:
+    """Whether the ``token-ids`` patch is applied in this process (its runtime is imported by the
+    patched protocol.py before any request is validated)."""
+    return TOKEN_IDS_RUNTIME in sys.modules
+
+
+def has_input_ids(request: Any) -> bool:
+    return getattr(request, "input_ids", None) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# request fields (ChatCompletionRequest's "before" validator)
+
+
+def check_input_ids(ids: Any) -> list[int]:
+    """Type checks that need no engine: a non-empty list of non-negative ints."""
+    if not isinstance(ids, list):
+        raise ValueError(f"`input_ids` must be a list of integer token ids, got {type(ids).__name__}")
+    if not ids:
+        raise ValueError("`input_ids` must not be empty: the prompt needs at least one token")
+    if all(type(value) is int for value in ids) and min(ids) >= 0:
+        return ids  # the common case, in C-speed loops; the loop below finds what is wrong
+    for position, value in enumerate(ids):
+        if not _is_int(value):
+            raise ValueError(
+                f"`input_ids` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}"
+            )
+        if value < 0:
+            raise ValueError(f"`input_ids` must not contain negative ids: item {position} is {value}")
+    return ids
+
+
+def normalize_request(data: Any) -> Any:
+    """Check and complete a raw chat request body before pydantic validates its fields.
+
+    With ``input_ids``: ``messages`` becomes optional (``[]``) and, when the ``token-ids`` patch is
+    applied, ``return_token_ids`` defaults to true. ``logprob_start_len`` must be -1 or a position,
+    and a position is non-streaming only. Raises ``ValueError`` naming the field (HTTP 400).
+    """
+    if not isinstance(data, dict):
+        return data
+    if data.get("input_ids") is not None:
+        check_input_ids(data["input_ids"])
+        if data.get("messages") is None:
+            data["messages"] = []
+        if data.get("return_token_ids") is None and token_ids_patch_loaded():
+            data["return_token_ids"] = True
+    start = data.get("logprob_start_len")
+    if start is not None:
+        if not _is_int(start):
+            raise ValueError(f"`logprob_start_len` must be an integer, got {type(start).__name__} {start!r:.40}")
+        if start < -1:
+            raise ValueError(
+                f"`logprob_start_len` must be -1 (no prompt logprobs) or a prompt position >= 0, got {start}"
+            )
+        if start >= 0 and data.get("stream"):
+            raise ValueError(
+                "`logprob_start_len` is not available with `stream=true` (prompt logprobs are non-streaming only)"
+            )
+    return data
+
+
+def processed_input_ids(request: Any, result_class: Callable[..., Any]) -> Any:
+    """The prompt of a request with ``input_ids`` in the shape the chat template would have given
+    (SGLang's ``MessageProcessingResult``): the ids, and the request's own stop strings."""
+    return result_class(
+        prompt="",
+        prompt_ids=list(request.input_ids),
+        image_data=None,
+        audio_data=None,
+        video_data=None,
+        modalities=[],
+        stop=request.stop or [],
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# OpenAIServingChat._convert_to_internal_request
+
+
+def vocab_size(serving: Any) -> int | None:
+    """One past the largest valid token id: the model's vocabulary (its embedding rows)."""
+    manager = getattr(serving, "tokenizer_manager", None)
+    size = getattr(getattr(manager, "model_config", None), "vocab_size", None)
+    if _is_int(size) and size > 0:
+        return size
+    tokenizer = getattr(manager, "tokenizer", None)
+    if tokenizer is not None:
+        try:
+            return len(tokenizer)
+        except TypeError:
+            return None
+    return None
+
+
+def context_length(serving: Any) -> int | None:
+    manager = getattr(serving, "tokenizer_manager", None)
+    length = getattr(manager, "context_len", None)
+    if not _is_int(length):
+        length = getattr(getattr(manager, "model_config", None), "context_len", None)
+    return length if _is_int(length) and length > 0 else None
+
+
+def check_prompt_ids(serving: Any, request: Any) -> None:
+    """Checks of ``input_ids`` that need the served model: vocabulary and context length.
+
+    SGLang itself refuses a prompt plus ``max_tokens`` that reaches the context, but only later, in
+    the tokenizer manager (a stream would already have answered 200); ids out of the vocabulary it
+    does not check at all, and they would fail the model's embedding lookup.
+    """
+    ids = check_input_ids(request.input_ids)
+    limit = vocab_size(serving)
+    if limit is not None and max(ids) >= limit:
+        for position, value in enumerate(ids):
+            if value >= limit:
+                raise ValueError(
+                    f"`input_ids` item {position} is {value}, out of the vocabulary (ids must be < {limit})"
+                )
+    context = context_length(serving)
+    if context is None:
+        return
+    length = len(ids)
+    max_tokens = request.max_completion_tokens or request.max_tokens
+    if length >= context:
+        raise ValueError(
+            f"`input_ids` has {length} tokens, which leaves no room for output in the "
+            f"model's context of {context} tokens"
+        )
+    if max_tokens is not None and length + max_tokens >= context:
+        raise ValueError(
+            f"`input_ids` has {length} tokens and max_tokens is {max_tokens}: {length + max_tokens} "
+            f"reaches the model's context of {context} tokens (the prompt plus max_tokens must stay below it)"
+        )
+
+
+def _prompt_length(adapted_request: Any) -> int | None:
+    ids = getattr(adapted_request, "input_ids", None)
+    if ids is None or isinstance(ids, str):
+        return None
+    if ids and isinstance(ids[0], (list, tuple)):
+        ids = ids[0]
+    return len(ids)
+
+
+def logprob_start(request: Any) -> int:
+    start = getattr(request, "logprob_start_len", None)
+    return -1 if start is None else start
+
+
+def convert_request(method: Callable) -> Callable:
+    """Decorate ``OpenAIServingChat._convert_to_internal_request(self, request, raw_request)``.
+
+    Before: ``input_ids`` are checked against the served model. After: the engine request's prompt
+    is exactly ``input_ids`` (a copy: SGLang edits prompts in place), and ``logprob_start_len``
+    replaces upstream's hard-coded -1, with logprobs computed when it asks for prompt logprobs.
+    """
+
+    @functools.wraps(method)
+    def convert(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        with_ids = has_input_ids(request)
+        if with_ids:
+            check_prompt_ids(self, request)
+        adapted_request, processed_request = method(self, request, *args, **kwargs)
+        if with_ids:
+            adapted_request.input_ids = list(request.input_ids)
+            if getattr(adapted_request, "text", None) is not None:
+                adapted_request.text = None
+        start = logprob_start(request)
+        if start >= 0:
+            length = _prompt_length(adapted_request)
+            if length is not None and start >= length:
+                raise ValueError(
+                    f"`logprob_start_len` is {start}, but the prompt has only {length} tokens "
+                    f"(use -1, or a position from 0 to {length - 1})"
+                )
+            adapted_request.logprob_start_len = start
+            adapted_request.return_logprob = True
+        return adapted_request, processed_request
+
+    return convert
+
+
+# --------------------------------------------------------------------------------------------------
+# the response
+
+
+def prompt_logprobs(meta_info: dict, start: int, prompt_length: int) -> list | None:
+    """SGLang's ``input_token_logprobs`` (``(logprob, id, text)`` from ``start`` on) in vLLM's
+    ``prompt_logprobs`` shape: one entry per prompt id, ``None`` before ``start`` and where the engine
+    has no logprob (position 0); each entry maps ``str(id)`` to ``{"logprob", "decoded_token"}``, the
+    prompt token first, then the ``top_logprobs`` SGLang computed for that position."""
+    tokens = meta_info.get("input_token_logprobs")
+    if tokens is None:
+        return None
+    tops = meta_info.get("input_top_logprobs") or []
+    entries: list[dict | None] = [None] * max(start, 0)
+    for offset, item in enumerate(tokens):
+        logprob, token_id, text = _triple(item)
+        if logprob is None:
+            entries.append(None)
+            continue
+        entry = {str(token_id): {"logprob": logprob, "decoded_token": text}}
+        row = tops[offset] if offset < len(tops) else None
+        for top in row or ():
+            top_logprob, top_id, top_text = _triple(top)
+            entry.setdefault(str(top_id), {"logprob": top_logprob, "decoded_token": top_text})
+        entries.append(entry)
+    if len(entries) < prompt_length:
+        entries.extend([None] * (prompt_length - len(entries)))
+    return entries[:prompt_length] if prompt_length else entries
+
+
+def _triple(item: Sequence[Any]) -> tuple[Any, int, Any]:
+    logprob, token_id = item[0], int(item[1])
+    text = item[2] if len(item) > 2 else None
+    return logprob, token_id, text
+
+
+def with_prompt_logprobs(method: Callable) -> Callable:
+    """Decorate ``OpenAIServingChat._build_chat_response(self, request, ret, created)``: the prompt
+    logprobs a ``logprob_start_len`` asked for go on the response as ``prompt_logprobs``."""
+
+    @functools.wraps(method)
+    def build(self: Any, request: Any, ret: list, *args: Any, **kwargs: Any) -> Any:
+        response = method(self, request, ret, *args, **kwargs)
+        start = logprob_start(request)
+        if start < 0 or not hasattr(response, "choices") or not ret:
+            return response
+        meta_info = ret[0].get("meta_info") or {}
+        length = meta_info.get("prompt_tokens")
+        if not _is_int(length):
+            length = start + len(meta_info.get("input_token_logprobs") or ())
+        response.prompt_logprobs = prompt_logprobs(meta_info, start, length)
+        return response
+
+    return build
+
+
+def omit_when_none(*names: str) -> Callable[[Callable], Callable]:
+    """Wrap a pydantic ``model_serializer(mode="wrap")`` so the named fields are left out when None."""
+
+    def decorate(serializer: Callable) -> Callable:
+        @functools.wraps(serializer)  # pydantic reads the signature through __wrapped__
+        def serialize(self: Any, handler: Any, *rest: Any) -> Any:
+            data = serializer(self, handler, *rest)
+            if isinstance(data, dict):
+                for name in names:
+                    if getattr(self, name, None) is None:
+                        data.pop(name, None)
+            return data
+
+        return serialize
+
+    return decorate
+
+
+# logprob entries
+
+
+def set_logprob_token_ids(entries: Sequence[Any], raw_tokens: Sequence[Any], raw_tops: Sequence[Any] | None) -> None:
+    """Set ``token_id`` on logprob entries built, one per engine triple, from ``raw_tokens``
+    (``(logprob, id, text)``), and on each entry's ``top_logprobs`` from ``raw_tops``.
+
+    SGLang 0.5.9 first turns each top-logprobs row into a dict keyed by the token's text, so two ids
+    with one text collapse into one entry holding the later one's logprob: the id that goes with an
+    entry is the last one of that text in the row, found the same way.
+    """
+    raw_tops = raw_tops or []
+    for position, entry in enumerate(entries):
+        if position < len(raw_tokens):
+            entry.token_id = int(raw_tokens[position][1])
+        tops = getattr(entry, "top_logprobs", None)
+        row = raw_tops[position] if position < len(raw_tops) else None
+        if not tops or not row:
+            continue
+        if len(tops) == len(row) and all((top.token or "") == (raw[2] or "") for top, raw in zip(tops, row)):
+            for top, raw in zip(tops, row):
+                top.token_id = int(raw[1])
+            continue
+        by_text = {}
+        for raw in row:
+            by_text[raw[2]] = int(raw[1])
+        for top in tops:
+            if top.token in by_text:
+                top.token_id = by_text[top.token]
+
+
+def logprob_ids_from_raw(method: Callable) -> Callable:
+    """Decorate SGLang 0.5.23's ``_build_token_logprobs_from_raw(self, output_token_logprobs,
+    output_top_logprobs)``: each entry it builds gets the id of its triple."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def build(self: Any, *args: Any, **kwargs: Any) -> Any:
+        entries = method(self, *args, **kwargs)
+        arguments = signature.bind_partial(self, *args, **kwargs).arguments
+        set_logprob_token_ids(entries, arguments.get("output_token_logprobs") or [],
+                              arguments.get("output_top_logprobs"))
+        return entries
+
+    return build
+
+
+def response_logprob_ids(method: Callable) -> Callable:
+    """Decorate SGLang 0.5.9's ``_process_response_logprobs(self, ret_item)``."""
+
+    @functools.wraps(method)
+    def process(self: Any, ret_item: dict, *args: Any, **kwargs: Any) -> Any:
+        logprobs = method(self, ret_item, *args, **kwargs)
+        meta_info = ret_item["meta_info"]
+        set_logprob_token_ids(logprobs.content, meta_info["output_token_logprobs"],
+                              meta_info.get("output_top_logprobs"))
+        return logprobs
+
+    return process
+
+
+def stream_logprob_ids(method: Callable) -> Callable:
+    """Decorate SGLang 0.5.9's ``_process_streaming_logprobs(self, content, n_prev_token)``: the
+    entries stand for the engine's triples from ``n_prev_token`` on.
+
+    0.5.9 gives every entry of a chunk the top logprobs of the chunk's first token (it assumes one
+    token per chunk; outputs that queue up carry several). Each entry's ``top_logprobs`` are rebuilt
+    from its own row, as the non-streaming path builds them, so that their ids are right.
+    """
+
+    @functools.wraps(method)
+    def process(self: Any, content: dict, n_prev_token: int, *args: Any, **kwargs: Any) -> Any:
+        logprobs = method(self, content, n_prev_token, *args, **kwargs)
+        meta_info = content["meta_info"]
+        rows = (meta_info.get("output_top_logprobs") or [])[n_prev_token:]
+        for position, entry in enumerate(logprobs.content):
+            if position and position < len(rows) and rows[position] is not None and entry.top_logprobs:
+                entry.top_logprobs = _tops_from_row(type(entry.top_logprobs[0]), rows[position])
+        set_logprob_token_ids(logprobs.content, meta_info["output_token_logprobs"][n_prev_token:], rows)
+        return logprobs
+
+    return process
+
+
+def _tops_from_row(top_class: Callable[..., Any], row: Sequence[Any]) -> list:
+    """0.5.9's top-logprob entries for one row of triples: keyed by text, a later duplicate wins."""
+    by_text: dict[str, Any] = {}
+    for logprob, _, text in row:
+        by_text[text] = logprob
+    return [top_class(token=text, bytes=list(text.encode("utf-8")), logprob=logprob)
+            for text, logprob in by_text.items()]
