@@ -85,3 +85,24 @@ def test_on_overrides_cpu_attention_and_reads_the_real_cache_layouts(vllm_any):
 def test_bad_settings_stop_vllm_at_plugin_load(vllm_any, env, message):
     proc = probe(vllm_any, **env)
     assert proc.returncode != 0 and message in proc.stderr
+
+
+ADDITIONAL = r"""
+from vllm.config import VllmConfig, set_current_vllm_config
+from patches.vllm.superlinear import backend
+with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"topk": 2}})):
+    print("RESULT", backend.engine_config().topk, backend.engine_config().sw_index)
+with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"top_k": 2}})):
+    backend.engine_config()
+"""
+
+
+def test_additional_config_wins_over_the_environment_and_is_validated(vllm_python):
+    import os
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLKIT_")}
+    env.update(VLLM_TARGET_DEVICE="cpu", TOOLKIT_SUPERLINEAR_TOPK="4", TOOLKIT_SUPERLINEAR_SW_INDEX="3")
+    proc = subprocess.run([vllm_python, "-c", ADDITIONAL], check=False, capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert "RESULT 2 3" in proc.stdout  # topk from vLLM's config, sw_index from the environment
+    assert proc.returncode != 0
+    assert "--additional-config 'superlinear': unknown setting(s) 'top_k'" in proc.stderr
