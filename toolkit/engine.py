@@ -403,9 +403,16 @@ class SourceCheck:
 
 
 def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> list[SourceCheck]:
-    """Per patch and per anchor: would it apply to this source tree?"""
+    """Per patch and per anchor: would it apply to this source tree?
+
+    By default the patches that declare the tree's version (what ``apply-patch`` would apply); when
+    none does (porting to a new version), every patch for the engine. Named patches are always checked.
+    """
     results = []
-    for patch in patches_for(source.engine, patch_ids):
+    candidates = patches_for(source.engine, patch_ids)
+    if not patch_ids and any(p.supports(source.version) for p in candidates):
+        candidates = [p for p in candidates if p.supports(source.version)]
+    for patch in candidates:
         anchors: list[AnchorCheck] = []
         errors: list[str] = []
         for edit in patch.files:

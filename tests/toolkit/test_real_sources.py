@@ -45,14 +45,27 @@ def test_check_source_finds_every_anchor(name, capsys):
     code = cli.main(["check", "--source", str(tree), "--json"])
     payload = json.loads(capsys.readouterr().out)
     assert payload["engine"] == TREES[name]
-    expected = {p.id for p in engine.registry() if p.engine == TREES[name]}
-    assert {p["patch"] for p in payload["patches"]} == expected
+    version = name.rsplit("-", 1)[1]
+    declared = {p.id for p in engine.registry() if p.engine == TREES[name] and p.supports(version)}
+    assert declared, f"no patch declares {name}"
+    # By default only the patches that declare this version are checked (e.g. superlinear-backend is
+    # for 0.5.9 alone: 0.5.23 has a plugin hook instead); each finds every anchor.
+    assert {p["patch"] for p in payload["patches"]} == declared
     for patch in payload["patches"]:
-        assert patch["supported_version"], f"{patch['patch']} does not declare {name}"
-        assert patch["errors"] == [] and patch["anchors"], patch
+        assert patch["supported_version"] and patch["errors"] == [] and patch["anchors"], patch
         missing = [a for a in patch["anchors"] if not a["ok"]]
         assert missing == [], missing
     assert code == 0 and payload["ok"]
+
+
+def test_check_source_checks_a_named_patch_on_a_version_it_does_not_declare(capsys):
+    """The porting use: `--patch` checks that patch even where it does not claim the version, and
+    reports both facts (not declared; which anchors are missing)."""
+    code = cli.main(["check", "--source", str(source_tree("sglang-0.5.23")), "--patch", "superlinear-backend", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    (patch,) = payload["patches"]
+    assert patch["patch"] == "superlinear-backend" and not patch["supported_version"]
+    assert code == 1 and not payload["ok"]
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -63,6 +76,11 @@ def _copy(name: str, tmp_path: Path) -> Path:
         if entry.name.endswith(".dist-info") or entry.name == TREES[name]:
             shutil.copytree(entry, site / entry.name)
     return site
+
+
+def states(installed) -> set[str]:
+    """The states of the patches that declare this version (the ones a default apply applies)."""
+    return {row.state for row in engine.status(installed) if row.supported}
 
 
 def _digests(site: Path, relpaths) -> dict[str, str]:
@@ -89,7 +107,7 @@ def test_failure_between_writes_on_real_sources_then_apply_or_revert_finishes(na
     monkeypatch.setattr(engine, "_after_file_write", None)
     now = _digests(site, relpaths)
     assert sum(now[r] != original[r] for r in relpaths) == 1  # exactly one file written, whole
-    assert {row.state for row in engine.status(installed)} == {"partial"}
+    assert states(installed) == {"partial"}
     engine.revert(installed)
     assert _digests(site, relpaths) == original
     # and the other way: fail again, then a second apply finishes
@@ -98,7 +116,7 @@ def test_failure_between_writes_on_real_sources_then_apply_or_revert_finishes(na
         engine.apply(installed)
     monkeypatch.setattr(engine, "_after_file_write", None)
     engine.apply(installed)
-    assert {row.state for row in engine.status(installed)} == {"applied"}
+    assert states(installed) == {"applied"}
     engine.revert(installed)
     assert _digests(site, relpaths) == original
 
@@ -113,7 +131,7 @@ def test_read_only_target_files_on_real_sources(tmp_path):
     engine.apply(installed)
     for relpath in relpaths:
         assert (site / "sglang" / relpath).stat().st_mode & 0o777 == 0o444
-    assert {row.state for row in engine.status(installed)} == {"applied"}
+    assert states(installed) == {"applied"}
     engine.revert(installed)
     assert _digests(site, relpaths) == original
     for relpath in relpaths:
@@ -150,11 +168,11 @@ def test_sigkill_mid_apply_on_real_sources(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert {row.state for row in engine.status(installed)} == {"partial"}
+    assert states(installed) == {"partial"}
     for relpath in relpaths:
         text = (site / "sglang" / relpath).read_text()
         compile(text, relpath, "exec")  # every file is whole: original or fully patched
     engine.apply(installed)
-    assert {row.state for row in engine.status(installed)} == {"applied"}
+    assert states(installed) == {"applied"}
     engine.revert(installed)
     assert _digests(site, relpaths) == original
