@@ -10,7 +10,8 @@ The contract (docs/tito.md), the same as on vLLM:
   applied they come back as ``prompt_token_ids`` (``return_token_ids`` defaults to true with them).
 - ``logprob_start_len`` (SGLang's own meaning, which upstream hard-codes to -1 on chat): prompt
   logprobs from that position on, as ``prompt_logprobs`` in vLLM's shape; -1 (the default) computes
-  none, so prefix caching stays intact.
+  none, so prefix caching stays intact. SGLang's first entry is always empty, so the engine is asked
+  for one position earlier and position ``k`` itself has its logprob, as on vLLM.
 - ``token_id`` on every logprob entry and on each of its ``top_logprobs``.
 
 Bad input raises ``ValueError``: in a pydantic validator SGLang turns it into an HTTP 400 through its
@@ -207,7 +208,7 @@ def convert_request(method: Callable) -> Callable:
                     f"`logprob_start_len` is {start}, but the prompt has only {length} tokens "
                     f"(use -1, or a position from 0 to {length - 1})"
                 )
-            adapted_request.logprob_start_len = start
+            adapted_request.logprob_start_len = engine_logprob_start(start)
             adapted_request.return_logprob = True
         return adapted_request, processed_request
 
@@ -218,19 +219,33 @@ def convert_request(method: Callable) -> Callable:
 # the response
 
 
-def prompt_logprobs(meta_info: dict, start: int, prompt_length: int) -> list | None:
-    """SGLang's ``input_token_logprobs`` (``(logprob, id, text)`` from ``start`` on) in vLLM's
-    ``prompt_logprobs`` shape: one entry per prompt id, ``None`` before ``start`` and where the engine
-    has no logprob (position 0); each entry maps ``str(id)`` to ``{"logprob", "decoded_token"}``, the
-    prompt token first, then the ``top_logprobs`` SGLang computed for that position."""
+def engine_logprob_start(start: int) -> int:
+    """Where SGLang must start for prompt logprobs from ``start`` on: its first entry is always empty
+    (it has no logits before the start), so it is asked for one position earlier."""
+    return max(start - 1, 0) if start >= 0 else -1
+
+
+def prompt_logprobs(meta_info: dict, start: int, prompt_length: int, prompt: Sequence[int] | None = None) -> list | None:
+    """SGLang's ``input_token_logprobs`` (``(logprob, id, text)`` from ``engine_logprob_start(start)``
+    on) in vLLM's ``prompt_logprobs`` shape: one entry per prompt id, ``None`` before ``start`` and
+    where the engine has no logprob (position 0); each entry maps ``str(id)`` to ``{"logprob",
+    "decoded_token"}``, the prompt token first, then the ``top_logprobs`` SGLang computed there.
+
+    ``prompt`` (the ids sent, when known) names the prompt tokens: SGLang reports the id
+    ``vocab_size - 1`` as 0 in these triples.
+    """
     tokens = meta_info.get("input_token_logprobs")
     if tokens is None:
         return None
     tops = meta_info.get("input_top_logprobs") or []
-    entries: list[dict | None] = [None] * max(start, 0)
+    first = engine_logprob_start(start)
+    entries: list[dict | None] = [None] * first
     for offset, item in enumerate(tokens):
+        position = first + offset
         logprob, token_id, text = _triple(item)
-        if logprob is None:
+        if prompt is not None and position < len(prompt):
+            token_id = int(prompt[position])
+        if logprob is None or position < start:
             entries.append(None)
             continue
         entry = {str(token_id): {"logprob": logprob, "decoded_token": text}}
@@ -261,10 +276,11 @@ def with_prompt_logprobs(method: Callable) -> Callable:
         if start < 0 or not hasattr(response, "choices") or not ret:
             return response
         meta_info = ret[0].get("meta_info") or {}
+        prompt = request.input_ids if has_input_ids(request) else None
         length = meta_info.get("prompt_tokens")
         if not _is_int(length):
-            length = start + len(meta_info.get("input_token_logprobs") or ())
-        response.prompt_logprobs = prompt_logprobs(meta_info, start, length)
+            length = engine_logprob_start(start) + len(meta_info.get("input_token_logprobs") or ())
+        response.prompt_logprobs = prompt_logprobs(meta_info, start, length, prompt)
         return response
 
     return build

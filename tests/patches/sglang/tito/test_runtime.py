@@ -109,7 +109,7 @@ def test_the_engine_prompt_is_a_copy_of_input_ids_and_text_goes():
 
 def test_logprob_start_len_turns_logprobs_on_and_is_checked_against_the_prompt():
     adapted, _ = Serving().convert(Request(logprob_start_len=3))
-    assert adapted.logprob_start_len == 3 and adapted.return_logprob is True
+    assert adapted.logprob_start_len == 2 and adapted.return_logprob is True  # SGLang's first entry is empty
     adapted, _ = Serving().convert(Request(logprob_start_len=-1))
     assert adapted.logprob_start_len == -1 and adapted.return_logprob is False
     with pytest.raises(ValueError, match=r"`logprob_start_len` is 4, but the prompt has only 4 tokens"):
@@ -164,16 +164,18 @@ def test_top_entries_collapsed_by_text_get_the_id_that_kept_its_logprob():
 
 
 def test_prompt_logprobs_in_vllm_shape():
-    meta = {"input_token_logprobs": [(-1.5, 30, "c"), (-2.5, 40, "d")],
-            "input_top_logprobs": [[(-1.0, 31, "e"), (-1.5, 30, "c")], None]}
-    assert runtime.prompt_logprobs(meta, 2, 4) == [
+    # asked for 2 on, the engine started at 1: its first entry (always empty) is dropped
+    meta = {"input_token_logprobs": [(None, 20, "b"), (-1.5, 30, "c"), (-2.5, 0, "d")],
+            "input_top_logprobs": [None, [(-1.0, 31, "e"), (-1.5, 30, "c")], None]}
+    assert runtime.prompt_logprobs(meta, 2, 4, prompt=[10, 20, 30, 4095]) == [
         None, None,
         {"30": {"logprob": -1.5, "decoded_token": "c"}, "31": {"logprob": -1.0, "decoded_token": "e"}},
-        {"40": {"logprob": -2.5, "decoded_token": "d"}},
+        {"4095": {"logprob": -2.5, "decoded_token": "d"}},  # SGLang reports the last id as 0
     ]
     assert runtime.prompt_logprobs({"input_token_logprobs": [(None, 1, "a"), (-0.5, 2, "b")]}, 0, 2) == [
         None, {"2": {"logprob": -0.5, "decoded_token": "b"}}]
     assert runtime.prompt_logprobs({}, 0, 2) is None
+    assert [runtime.engine_logprob_start(k) for k in (-1, 0, 1, 5)] == [-1, 0, 0, 4]
 
 
 def test_omit_when_none_drops_only_none_fields():
