@@ -80,6 +80,7 @@ def cases_for(template_ids: dict[str, list[int]], vocab: int, context: int) -> d
                 scenario, {**base, "messages": MESSAGES, "input_ids": template_ids[scenario]}, "cumulative")
             out[f"{scenario}/input_ids_only/{s}"] = (
                 scenario, {**base, "messages": [], "input_ids": template_ids[scenario]}, "cumulative")
+            out[f"{scenario}/no_messages/{s}"] = (scenario, {**base, "input_ids": CUSTOM_IDS}, "cumulative")
             out[f"{scenario}/custom_ids/{s}"] = (
                 scenario, {**base, "messages": MESSAGES, "input_ids": CUSTOM_IDS}, "cumulative")
             sampling = {"stop": ["general", "fine"], "stop_token_ids": [13], "max_tokens": 7}

@@ -186,7 +186,7 @@ def test_upstream_ignores_or_refuses_what_the_patch_serves(runs):
 @pytest.mark.parametrize("stream", STREAMS)
 def test_input_ids_are_the_engine_prompt_and_messages_never_change_it(runs, scenario, stream):
     for run in (runs.tito, runs.both):
-        for kind in ("custom_ids", "sampling", "logprobs"):
+        for kind in ("custom_ids", "no_messages", "sampling", "logprobs"):
             k = f"{scenario}/{kind}/{stream}" + ("/cumulative" if kind == "logprobs" else "")
             request = engine(run["cases"][k])
             assert request["input_ids"] == run["custom_ids"] and request["text"] is None, k
