@@ -48,13 +48,16 @@ class SuperlinearAttnBackend(TorchNativeAttnBackend):
         pool_rows = req_pool_indices.tolist()
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
 
-        def fetch_kv(r, n):
-            tokens = req_to_token[pool_rows[r], :n].to(torch.int64)
+        def read_kv(r, positions):
+            tokens = req_to_token[pool_rows[r]].index_select(0, positions.to(torch.int64)).to(torch.int64)
             k = k_cache.index_select(0, tokens).movedim(0, 1)
             v = v_cache.index_select(0, tokens).movedim(0, 1)
             return k.to(query.dtype), v.to(query.dtype)
 
-        superlinear_ragged(query, starts, seq_list, fetch_kv, self.superlinear, scale, output)
+        def fetch_kv(r, n):
+            return read_kv(r, torch.arange(n))
+
+        superlinear_ragged(query, starts, seq_list, fetch_kv, read_kv, self.superlinear, scale, output)
         return output
 
     def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,

@@ -32,6 +32,7 @@ from patches.vllm.superlinear.config import load_config
 from patches.vllm.superlinear.paged import (
     layout_from_probe,
     read_blocks,
+    read_positions,
     split_kv_cache,
 )
 from patches.vllm.superlinear.ragged import superlinear_ragged
@@ -125,7 +126,11 @@ class SuperlinearCPUAttentionImpl(CPUAttentionBackendImpl):
 
         q = query[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         out = output[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
-        superlinear_ragged(q, attn_metadata.query_start_list, attn_metadata.seq_len_list, fetch_kv,
+        def read_kv(r: int, positions: torch.Tensor):
+            return (read_positions(key_cache, block_table[r], positions, k_perm),
+                    read_positions(value_cache, block_table[r], positions, v_perm))
+
+        superlinear_ragged(q, attn_metadata.query_start_list, attn_metadata.seq_len_list, fetch_kv, read_kv,
                            self.superlinear, self.scale, out)
         return output
 

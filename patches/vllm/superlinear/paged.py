@@ -71,3 +71,17 @@ def read_blocks(cache: torch.Tensor, blocks: torch.Tensor, num_tokens: int, perm
         raw = raw.view(used.numel(), heads, block_size * dim).index_select(2, perm.to(raw.device))
         raw = raw.view(used.numel(), heads, block_size, dim)
     return raw.permute(1, 0, 2, 3).reshape(heads, used.numel() * block_size, dim)[:, :num_tokens]
+
+
+def read_positions(cache: torch.Tensor, blocks: torch.Tensor, positions: torch.Tensor,
+                   perm: torch.Tensor | None) -> torch.Tensor:
+    """A request's tokens at ``positions`` (int64 ``[n]``) from ``cache`` ``[num_blocks, H, bs, D]``: ``[H, n, D]``."""
+    _, heads, block_size, dim = cache.shape
+    blk = blocks.to(torch.int64)[positions // block_size]
+    off = positions % block_size
+    if perm is None:
+        return cache[blk, :, off].transpose(0, 1)
+    flat = cache.view(cache.shape[0], heads, block_size * dim)
+    idx = perm.to(cache.device).view(block_size, dim)[off]  # [n, D] element offsets inside a block
+    head = torch.arange(heads, device=cache.device)
+    return flat[blk[:, None, None], head[None, :, None], idx[:, None, :]].transpose(0, 1)

@@ -1,11 +1,12 @@
 """Superlinear attention over a serving batch: ragged requests whose K/V live in an engine's cache.
 
-Engine-agnostic (vLLM's paged blocks and SGLang's token pool both come in through ``fetch_kv``):
+Engine-agnostic (vLLM's paged blocks and SGLang's token pool both come in through ``fetch_kv`` and
+``read_kv``):
 the batch is the flattened query tokens of several requests, request ``r`` owning rows
 ``query_start[r]:query_start[r+1]`` at the last positions of its ``seq_lens[r]`` tokens (the cache
 already holds the K/V of those rows). Prefill rows (several per request: a prompt or a chunk of one)
 go through ``superlinear_attention`` one request at a time; single-token rows (decode) of all
-requests go through one ``superlinear_decode`` call. Search and attention use the same query (models
+requests go through one ``superlinear_decode`` call that reads only the keys it needs (``_decode``). Search and attention use the same query (models
 with one query projection).
 
 Imports torch and the kernels only.
@@ -17,15 +18,22 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels.superlinear.api import superlinear_attention, superlinear_decode
+from kernels.superlinear.api import (
+    superlinear_attention,
+    superlinear_decode,
+    superlinear_search,
+)
 from patches.vllm.superlinear.config import SuperlinearConfig
 
 # fetch_kv(r, n) -> (k, v), each [H_KV, >= n, D]: the first n cached tokens of request r, in order.
 FetchKV = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
+# read_kv(r, positions) -> (k, v), each [H_KV, len(positions), D]: request r's tokens at those positions.
+ReadKV = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+KEY_ALIGN = 256
 
 
 def superlinear_ragged(query: torch.Tensor, query_start: Sequence[int], seq_lens: Sequence[int],
-                       fetch_kv: FetchKV, config: SuperlinearConfig, scale: float,
+                       fetch_kv: FetchKV, read_kv: ReadKV, config: SuperlinearConfig, scale: float,
                        out: torch.Tensor) -> torch.Tensor:
     """Write superlinear attention of ``query`` ``[T, H_Q, D]`` into ``out`` ``[T, H_Q, D]``."""
     kwargs = config.kernel_kwargs()
@@ -46,23 +54,57 @@ def superlinear_ragged(query: torch.Tensor, query_start: Sequence[int], seq_lens
         res = superlinear_attention(q, q, k[None], v[None], positions, scale=scale, impl=config.impl, **kwargs)
         out[lo:hi] = res[0].transpose(0, 1).to(out.dtype)
     if decodes:
-        _decode(query, query_start, seq_lens, decodes, fetch_kv, config, scale, out, kwargs)
+        _decode(query, query_start, seq_lens, decodes, read_kv, config, scale, out, kwargs)
     return out
 
 
-def _decode(query, query_start, seq_lens, rows, fetch_kv, config, scale, out, kwargs) -> None:
-    longest = max(int(seq_lens[r]) for r in rows)
-    first_k, first_v = fetch_kv(rows[0], int(seq_lens[rows[0]]))
-    kv_heads, dim = first_k.shape[0], first_k.shape[-1]
-    k = first_k.new_zeros((len(rows), kv_heads, longest, dim))
-    v = first_v.new_zeros((len(rows), kv_heads, longest, dim))
+def decode_positions(position: int, geometry) -> torch.Tensor:
+    """Keys a decode query at ``position`` reads before its spans are known: its stripes (the search
+    candidates) and its window, ascending."""
+    stripes = int(geometry.stripe_count[position])
+    cand = position + 1 - geometry.stripe_distance[:stripes]
+    window = torch.arange(max(0, position - geometry.window + 1), position + 1)
+    return torch.cat([cand.flip(0), window])
+
+
+def span_positions(span_start: torch.Tensor, span_end: torch.Tensor) -> torch.Tensor:
+    """Every key inside the selected spans ``[start, end]`` (inclusive; empty when end < start)."""
+    lo, hi = span_start.reshape(-1), span_end.reshape(-1)
+    keep = hi >= lo
+    parts = [torch.arange(a, b + 1) for a, b in zip(lo[keep].tolist(), hi[keep].tolist())]
+    return torch.unique(torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.int64)
+
+
+def _decode(query, query_start, seq_lens, rows, read_kv, config, scale, out, kwargs) -> None:
+    """All decode rows in one ``superlinear_decode`` call, reading only the keys it uses.
+
+    K/V are zero-filled ``[B, H_KV, longest, D]`` buffers (fresh pages: untouched parts cost nothing)
+    into which only the stripes and the window, then the spans the search picks, are read from the
+    engine's cache: O(sqrt t) reads per row instead of the whole sequence. The kernel reads no other
+    key, so the result is the same as over the full cache.
+    """
+    from kernels.superlinear.spans import span_geometry
+
+    # Rounded up so the kernels' per-row key layout is a view of this buffer, not a padded copy.
+    longest = -(-max(int(seq_lens[r]) for r in rows) // KEY_ALIGN) * KEY_ALIGN
+    geometry = span_geometry(config.params(), longest)
+    positions = [int(seq_lens[r]) - 1 for r in rows]
+    first = [decode_positions(p, geometry) for p in positions]
+    k0, v0 = read_kv(rows[0], first[0])
+    kv_heads, dim = k0.shape[0], k0.shape[-1]
+    k = k0.new_zeros((len(rows), kv_heads, longest, dim))
+    v = v0.new_zeros((len(rows), kv_heads, longest, dim))
     for i, r in enumerate(rows):
-        n = int(seq_lens[r])
-        kr, vr = (first_k, first_v) if i == 0 else fetch_kv(r, n)
-        k[i, :, :n] = kr[:, :n]
-        v[i, :, :n] = vr[:, :n]
+        kr, vr = (k0, v0) if i == 0 else read_kv(r, first[i])
+        k[i, :, first[i]] = kr
+        v[i, :, first[i]] = vr
     index = torch.tensor([int(query_start[r]) for r in rows], device=query.device)
     q = query.index_select(0, index)[:, :, None, :]  # [B, H_Q, 1, D]
-    positions = torch.tensor([int(seq_lens[r]) - 1 for r in rows], device=query.device)
-    res = superlinear_decode(q, q, k, v, positions, scale=scale, impl=config.impl, **kwargs)
+    pos = torch.tensor(positions, device=query.device)
+    found = superlinear_search(q, k, pos[:, None], impl=config.impl, **kwargs)
+    for i, r in enumerate(rows):
+        spans = span_positions(found.span_start[i], found.span_end[i])
+        if spans.numel():
+            k[i, :, spans], v[i, :, spans] = read_kv(r, spans)
+    res = superlinear_decode(q, q, k, v, pos, scale=scale, impl=config.impl, **kwargs)
     out.index_copy_(0, index, res[:, :, 0, :].to(out.dtype))

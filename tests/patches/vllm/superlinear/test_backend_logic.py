@@ -23,9 +23,10 @@ from patches.vllm.superlinear.config import (
 from patches.vllm.superlinear.paged import (
     layout_from_probe,
     read_blocks,
+    read_positions,
     split_kv_cache,
 )
-from patches.vllm.superlinear.ragged import superlinear_ragged
+from patches.vllm.superlinear.ragged import decode_positions, superlinear_ragged
 
 HQ, HKV, D, BS = 4, 2, 32, 16
 COVERING = SuperlinearConfig(sw_index=7, backward_factor=8.0, forward_factor=8.0)
@@ -97,6 +98,9 @@ def test_probe_finds_a_transposed_key_layout_and_reads_tokens_back():
     _transposed_write(keys, values, key_cache, value_cache, slots)
     assert torch.equal(read_blocks(key_cache, blocks, n, k_perm), keys.transpose(0, 1))
     assert torch.equal(read_blocks(value_cache, blocks, n, v_perm), values.transpose(0, 1))
+    some = torch.tensor([36, 0, 17, 16, 5])
+    assert torch.equal(read_positions(key_cache, blocks, some, k_perm), keys[some].transpose(0, 1))
+    assert torch.equal(read_positions(value_cache, blocks, some, v_perm), values[some].transpose(0, 1))
 
 
 # --- ragged batches --------------------------------------------------------------------------------
@@ -129,6 +133,21 @@ def _paged_batch(seq_lens, query_lens, seed=0):
     return query, starts, block_table, key_cache, value_cache, dense
 
 
+def _readers(block_table, key_cache, value_cache):
+    """fetch_kv / read_kv over the paged test cache; ``reads[r]`` counts the positions read per decode."""
+    reads: dict[int, int] = {}
+
+    def fetch_kv(r, n):
+        return read_blocks(key_cache, block_table[r], n, None), read_blocks(value_cache, block_table[r], n, None)
+
+    def read_kv(r, positions):
+        reads[r] = reads.get(r, 0) + positions.numel()
+        return (read_positions(key_cache, block_table[r], positions, None),
+                read_positions(value_cache, block_table[r], positions, None))
+
+    return fetch_kv, read_kv, reads
+
+
 @pytest.mark.parametrize("config", [SuperlinearConfig(), SuperlinearConfig(sw_index=2, topk=2, forward_factor=1.0),
                                     COVERING])
 def test_ragged_mixed_batch_equals_naive_reference_per_request(config):
@@ -136,12 +155,10 @@ def test_ragged_mixed_batch_equals_naive_reference_per_request(config):
     seq_lens, query_lens = [150, 300, 97, 260], [150, 64, 1, 1]
     query, starts, block_table, key_cache, value_cache, dense = _paged_batch(seq_lens, query_lens)
 
-    def fetch_kv(r, n):
-        return read_blocks(key_cache, block_table[r], n, None), read_blocks(value_cache, block_table[r], n, None)
-
+    fetch_kv, read_kv, _ = _readers(block_table, key_cache, value_cache)
     scale = D ** -0.5
     out = torch.full_like(query, float("nan"))
-    superlinear_ragged(query, starts, seq_lens, fetch_kv, config, scale, out)
+    superlinear_ragged(query, starts, seq_lens, fetch_kv, read_kv, config, scale, out)
     for r, (n, qn) in enumerate(zip(seq_lens, query_lens)):
         k, v = dense[r]
         q = query[starts[r]:starts[r + 1]].transpose(0, 1)[None]
@@ -155,14 +172,32 @@ def test_covering_regime_equals_dense_causal_attention():
     seq_lens, query_lens = [n, n - 40], [n, 1]
     query, starts, block_table, key_cache, value_cache, dense = _paged_batch(seq_lens, query_lens, seed=1)
 
-    def fetch_kv(r, m):
-        return read_blocks(key_cache, block_table[r], m, None), read_blocks(value_cache, block_table[r], m, None)
-
+    fetch_kv, read_kv, _ = _readers(block_table, key_cache, value_cache)
     out = torch.empty_like(query)
-    superlinear_ragged(query, starts, seq_lens, fetch_kv, COVERING, D ** -0.5, out)
+    superlinear_ragged(query, starts, seq_lens, fetch_kv, read_kv, COVERING, D ** -0.5, out)
     for r, (m, qn) in enumerate(zip(seq_lens, query_lens)):
         k, v = (x.repeat_interleave(HQ // HKV, 0) for x in dense[r])
         q = query[starts[r]:starts[r + 1]].transpose(0, 1)
         mask = torch.arange(m)[None, :] <= torch.arange(m - qn, m)[:, None]
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         torch.testing.assert_close(out[starts[r]:starts[r + 1]], ref.transpose(0, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_decode_reads_only_stripes_window_and_spans():
+    # One long decode: it must read O(sqrt t) keys of its 4,000, and still equal the naive reference.
+    config = SuperlinearConfig(sw_index=3)
+    seq_lens, query_lens = [4000, 60], [1, 60]
+    query, starts, block_table, key_cache, value_cache, dense = _paged_batch(seq_lens, query_lens, seed=2)
+    fetch_kv, read_kv, reads = _readers(block_table, key_cache, value_cache)
+    out = torch.empty_like(query)
+    superlinear_ragged(query, starts, seq_lens, fetch_kv, read_kv, config, D ** -0.5, out)
+    k, v = dense[0]
+    q = query[0:1].transpose(0, 1)[None]
+    ref = superlinear_attention(q, q, k[None], v[None], torch.tensor([3999]), scale=D ** -0.5, impl="naive",
+                                **config.kernel_kwargs())
+    torch.testing.assert_close(out[0:1], ref[0].transpose(0, 1).float(), atol=2e-5, rtol=2e-5)
+    from kernels.superlinear.spans import span_geometry
+    before_spans = decode_positions(3999, span_geometry(config.params(), 4000)).numel()
+    assert before_spans == (63 - 3) + 15  # stripes 4..63 (F(i) = i^2 <= 4000) and the 15-key window
+    # + at most H_Q * topk spans of 2*ceil(2*sqrt(4000)) + 1 keys; far below the 4,000 a full read takes
+    assert reads[0] <= before_spans + HQ * 3 * (2 * 127 + 1) and reads[0] < 4000 // 2

@@ -22,7 +22,7 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 from vllm import _custom_ops as ops
-from patches.vllm.superlinear.paged import layout_from_probe, read_blocks, split_kv_cache
+from patches.vllm.superlinear.paged import layout_from_probe, read_blocks, read_positions, split_kv_cache
 reads = {}
 for isa in ("vec", "vec16"):
     for dtype in (torch.float32, torch.bfloat16):
@@ -36,6 +36,10 @@ for isa in ("vec", "vec16"):
         write(key, value, kc, vc, torch.tensor([int(blocks[i // bs]) * bs + i % bs for i in range(n)]))
         reads[f"{isa}/{dtype}"] = (torch.equal(read_blocks(kc, blocks, n, k_perm), key.transpose(0, 1))
                                    and torch.equal(read_blocks(vc, blocks, n, v_perm), value.transpose(0, 1)))
+        some = torch.tensor([69, 0, 33, 32, 31, 5])
+        reads[f"{isa}/{dtype}/positions"] = (
+            torch.equal(read_positions(kc, blocks, some, k_perm), key[some].transpose(0, 1))
+            and torch.equal(read_positions(vc, blocks, some, v_perm), value[some].transpose(0, 1)))
 import vllm
 print("RESULT " + json.dumps({"version": vllm.__version__, "cpu": E.CPU_ATTN.get_path(), "custom": E.CUSTOM.get_path(), "reads": reads}))
 """
