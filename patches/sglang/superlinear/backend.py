@@ -49,13 +49,14 @@ class SuperlinearAttnBackend(TorchNativeAttnBackend):
         scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
 
         def read_kv(r, positions):
-            tokens = req_to_token[pool_rows[r]].index_select(0, positions.to(torch.int64)).to(torch.int64)
+            rows = req_to_token[pool_rows[r]]
+            tokens = rows.index_select(0, positions.to(rows.device, torch.int64)).to(torch.int64)
             k = k_cache.index_select(0, tokens).movedim(0, 1)
             v = v_cache.index_select(0, tokens).movedim(0, 1)
             return k.to(query.dtype), v.to(query.dtype)
 
         def fetch_kv(r, n):
-            return read_kv(r, torch.arange(n))
+            return read_kv(r, torch.arange(n, device=req_to_token.device))
 
         superlinear_ragged(query, starts, seq_list, fetch_kv, read_kv, self.superlinear, scale, output)
         return output

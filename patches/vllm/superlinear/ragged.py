@@ -78,10 +78,10 @@ def span_positions(span_start: torch.Tensor, span_end: torch.Tensor) -> torch.Te
 def _decode(query, query_start, seq_lens, rows, read_kv, config, scale, out, kwargs) -> None:
     """All decode rows in one ``superlinear_decode`` call, reading only the keys it uses.
 
-    K/V are zero-filled ``[B, H_KV, longest, D]`` buffers (fresh pages: untouched parts cost nothing)
-    into which only the stripes and the window, then the spans the search picks, are read from the
-    engine's cache: O(sqrt t) reads per row instead of the whole sequence. The kernel reads no other
-    key, so the result is the same as over the full cache.
+    K/V are zero-filled ``[B, H_KV, longest, D]`` buffers into which only the stripes and the window,
+    then the spans the search picks, are read from the engine's cache: O(sqrt t) reads per row
+    instead of the whole sequence (the zero fill is a memset). The kernel reads no other key, so the
+    result is the same as over the full cache (tests/patches/vllm/superlinear/test_backend_logic.py).
     """
     from kernels.superlinear.spans import span_geometry
 
@@ -89,7 +89,7 @@ def _decode(query, query_start, seq_lens, rows, read_kv, config, scale, out, kwa
     longest = -(-max(int(seq_lens[r]) for r in rows) // KEY_ALIGN) * KEY_ALIGN
     geometry = span_geometry(config.params(), longest)
     positions = [int(seq_lens[r]) - 1 for r in rows]
-    first = [decode_positions(p, geometry) for p in positions]
+    first = [decode_positions(p, geometry).to(query.device) for p in positions]
     k0, v0 = read_kv(rows[0], first[0])
     kv_heads, dim = k0.shape[0], k0.shape[-1]
     k = k0.new_zeros((len(rows), kv_heads, longest, dim))
@@ -103,7 +103,7 @@ def _decode(query, query_start, seq_lens, rows, read_kv, config, scale, out, kwa
     pos = torch.tensor(positions, device=query.device)
     found = superlinear_search(q, k, pos[:, None], impl=config.impl, **kwargs)
     for i, r in enumerate(rows):
-        spans = span_positions(found.span_start[i], found.span_end[i])
+        spans = span_positions(found.span_start[i], found.span_end[i]).to(query.device)
         if spans.numel():
             k[i, :, spans], v[i, :, spans] = read_kv(r, spans)
     res = superlinear_decode(q, q, k, v, pos, scale=scale, impl=config.impl, **kwargs)
