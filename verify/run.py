@@ -3,6 +3,7 @@ always stop what was launched, and return a report a machine can gate on."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from dataclasses import asdict, dataclass, field
@@ -19,6 +20,10 @@ DEFAULT_TOOL_ARGS = {
     "vllm": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
     "sglang": ["--tool-call-parser", "hermes"],
 }
+
+# patch-sweep's switch (patches.vllm.patch_sweep.runtime.ENABLE_ENV); set for a launched server whose
+# engine has patch-sweep applied, unless the caller's environment says otherwise.
+PATCHING_ENV = "TOOLKIT_ENABLE_PATCHING"
 
 
 @dataclass
@@ -129,6 +134,11 @@ def verify(
         server_args = list(server_args)
         if "--tool-call-parser" not in " ".join(server_args):
             server_args += DEFAULT_TOOL_ARGS[engine_name]
+        env = dict(env or {})
+        if (engine_name == "vllm" and "patch-sweep" in applied and (not checks or "patch-sweep" in checks)
+                and PATCHING_ENV not in env and PATCHING_ENV not in os.environ):
+            # The patch-sweep check needs its routes, which the patch adds only when enabled (eager mode).
+            env[PATCHING_ENV] = "1"
         # The interpreter the user named (a venv's bin/python), not the one it resolves to.
         server = EngineServer(engine_name, python or installed.python, model, server_args=server_args, env=env,
                               timeout=timeout, cpu=cpu)

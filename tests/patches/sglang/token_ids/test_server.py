@@ -155,12 +155,22 @@ def stream_ids(chunks: list[dict]) -> tuple[list[int] | None, dict[int, list[int
 
 
 def test_vanilla_answers_are_byte_identical_to_the_unpatched_server(runs):
+    """Non-streaming: every byte (ids and clocks aside). Streaming: the same kinds of events, byte for
+    byte with the text blanked, and the same text. Where a real server merges queued outputs depends on
+    timing, and SGLang's hermes parser keeps or drops the whitespace beside a tool call depending on
+    where the chunk boundaries fall (seen in CI: a trailing newline after </tool_call> streamed by one
+    run and not by the next, on the unpatched server too); so streamed text is compared with whitespace
+    runs collapsed. Exact stream bytes with fixed chunking are test_serving.py's job."""
     assert runs.patched.vanilla.keys() == runs.unpatched.vanilla.keys()
     for key, text in runs.unpatched.vanilla.items():
         patched = runs.patched.vanilla[key]
         assert "token_ids" not in patched
         if key.endswith("/stream"):
-            assert stream_shape(patched) == stream_shape(text), key
+            (patched_events, patched_text), (events, text) = stream_shape(patched), stream_shape(text)
+            assert set(patched_events) == set(events), key
+            assert (patched_events[0], patched_events[-2:]) == (events[0], events[-2:]), key
+            assert {k: "".join(v.split()) for k, v in patched_text.items()} == \
+                {k: "".join(v.split()) for k, v in text.items()}, key
         else:
             assert normalized(patched) == normalized(text), key
 
@@ -195,10 +205,18 @@ def test_tool_markup_the_parser_holds_back_comes_with_the_tool_call_chunk(runs, 
     plain = runs.patched.nonstream[script]["choices"][0]
     assert plain["message"]["tool_calls"], plain
     chunks = [c["choices"][0] for c in runs.patched.stream[script] if c["choices"]]
-    named = next(c for c in chunks if c["delta"].get("tool_calls") and c["delta"]["tool_calls"][0]["function"]["name"])
+    named_at = next(i for i, c in enumerate(chunks)
+                    if c["delta"].get("tool_calls") and c["delta"]["tool_calls"][0]["function"]["name"])
     opener = runs.tokenizer.encode("<tool_call>", add_special_tokens=False) if script != "split_opener" else \
         runs.tokenizer.convert_tokens_to_ids(["<tool_", "call>"])
-    assert all(token in named["token_ids"] for token in opener), (opener, named)
+    # The opener's ids are held with its text and sent at the latest with the tool call's first chunk:
+    # on that chunk, or (when the server merged queued outputs, so the text before the opener and the
+    # opener arrived as one engine output) on the chunk of the text before it. Never after.
+    sent = [token for c in chunks[:named_at + 1] for token in (c.get("token_ids") or [])]
+    assert any(sent[i:i + len(opener)] == opener for i in range(len(sent))), (opener, chunks[:named_at + 1])
+    assert chunks[named_at].get("token_ids"), chunks[named_at]
+    later = [token for c in chunks[named_at + 1:] for token in (c.get("token_ids") or [])]
+    assert not any(later[i:i + len(opener)] == opener for i in range(len(later))), (opener, chunks[named_at:])
 
 
 def test_server_wide_flag_gives_every_request_ids(runs):

@@ -32,14 +32,16 @@ def patched_vllm() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def sweep_server(model: str, env: dict[str, str] | None = None, log_path: Path | None = None) -> Iterator[object]:
-    """One real vLLM server (patch-sweep applied, patching enabled) serving ``model``."""
+def sweep_server(model: str, env: dict[str, str] | None = None, log_path: Path | None = None,
+                 server_args: list[str] | None = None) -> Iterator[object]:
+    """One real vLLM server (patch-sweep applied, patching enabled) serving ``model``; ``server_args``
+    go after (and so override) SERVER_ARGS."""
     sys.path.insert(0, str(REPO))
     from tests.patches.vllm.responses_stream.support import venv_python
     from verify.server import EngineServer
 
     with patched_vllm() as overlay:
         server_env = {"PYTHONPATH": str(overlay), **SERVER_ENV, **(env or {})}
-        with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS, env=server_env, timeout=600,
+        with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS + list(server_args or []), env=server_env, timeout=600,
                           log_path=log_path) as server:
             yield server

@@ -137,20 +137,27 @@ def assert_covering_equal(dense: list[Completion], got: list[Completion]) -> Non
 
 def assert_long_close(dense_alone: Completion, alone: Completion, dense_together: list[Completion],
                       together: list[Completion]) -> float:
-    """The long prompt alone and in a batch [it, another long one, short ones]; returns the mean gap."""
-    assert len(alone.token_ids) == LONG_GEN and len(alone.prompt_logprobs) == LONG_LEN - 1
+    """The long prompt alone and in a batch [it, another long one, short ones]; returns the mean gap.
+
+    Plain asserts with messages: this module is not a test module, so pytest does not rewrite them."""
+    assert len(alone.token_ids) == LONG_GEN and len(alone.prompt_logprobs) == LONG_LEN - 1, \
+        (len(alone.token_ids), len(alone.prompt_logprobs))
     gap = mean_gap(alone.prompt_logprobs, dense_alone.prompt_logprobs)
     near = max_gap(alone.prompt_logprobs[:COVERING_TOKENS - 1], dense_alone.prompt_logprobs[:COVERING_TOKENS - 1])
     print(f"\nlong prompt ({LONG_LEN} tokens): mean |logprob gap| vs dense {gap:.4f} nats, "
           f"max {max_gap(alone.prompt_logprobs, dense_alone.prompt_logprobs):.4f}; "
           f"first {COVERING_TOKENS} tokens max {near:.2e}")
-    assert near <= ROUNDING  # the covered prefix is dense attention
-    assert gap < LONG_GAP
+    assert near <= ROUNDING, f"the covered prefix differs from dense by {near:.2e}"
+    assert gap < LONG_GAP, f"mean gap {gap:.4f} >= {LONG_GAP}"
     # In a batch, the same long prompt gives what it gives alone; the others are right too.
-    assert together[0].token_ids == alone.token_ids
-    assert max_gap(together[0].prompt_logprobs, alone.prompt_logprobs) <= ROUNDING
-    assert mean_gap(together[1].prompt_logprobs, dense_together[1].prompt_logprobs) < LONG_GAP
-    for out, ref in zip(together[2:], dense_together[2:]):
-        assert out.token_ids == ref.token_ids
-        assert max_gap(out.prompt_logprobs, ref.prompt_logprobs) <= ROUNDING
+    assert together[0].token_ids == alone.token_ids, ("long prompt in a batch vs alone", together[0].token_ids,
+                                                      alone.token_ids)
+    batch_gap = max_gap(together[0].prompt_logprobs, alone.prompt_logprobs)
+    assert batch_gap <= ROUNDING, f"long prompt in a batch vs alone: prompt logprobs differ by {batch_gap:.2e}"
+    other_gap = mean_gap(together[1].prompt_logprobs, dense_together[1].prompt_logprobs)
+    assert other_gap < LONG_GAP, f"second long prompt: mean gap {other_gap:.4f} vs dense"
+    for i, (out, ref) in enumerate(zip(together[2:], dense_together[2:]), 2):
+        assert out.token_ids == ref.token_ids, (f"short prompt {i} in the batch vs dense", out.token_ids, ref.token_ids)
+        short_gap = max_gap(out.prompt_logprobs, ref.prompt_logprobs)
+        assert short_gap <= ROUNDING, f"short prompt {i} in the batch: prompt logprobs differ from dense by {short_gap:.2e}"
     return gap
