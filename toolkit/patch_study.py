@@ -150,7 +150,7 @@ class SweepResult:
         values = [v for _, _, v in self.cells()]
         low, high = (min(values), max(values)) if values else (0.0, 0.0)
         for layer, row in zip(self.layers, self.grid):
-            cells = [Text("—", style="dim") if v is None else Text(f"{v:.3g}", style=f"on {_hex(_shade(v, low, high))}")
+            cells = [Text("—", style="dim") if v is None else Text(f"{v + 0.0:.3g}", style=f"on {_hex(_shade(v, low, high))}")
                      for v in row]
             table.add_row(str(layer), *cells)
         return table
@@ -165,9 +165,11 @@ class SweepResult:
 
     def to_text(self, width: int = 160) -> str:
         """The terminal rendering as plain text (no colours)."""
+        import io
+
         from rich.console import Console
 
-        console = Console(width=width, record=True, color_system=None, file=open("/dev/null", "w"))
+        console = Console(width=width, record=True, color_system=None, file=io.StringIO())
         console.print(self.render())
         return console.export_text()
 

