@@ -40,7 +40,12 @@ OnCell = Callable[[int, int, "float | None"], None]
 
 
 class PatchStudyError(ValueError):
-    """The server refused a request (its message says what to change), or the study was misused."""
+    """The server refused a request (its message says what to change; ``status`` is the HTTP status),
+    or the study was misused (``status`` None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -232,7 +237,7 @@ class PatchStudy:
                 message = json.loads(error.read())["error"]["message"]
             except Exception:
                 message = f"HTTP {error.code}"
-            raise PatchStudyError(f"{method} {path}: {message}") from None
+            raise PatchStudyError(f"{method} {path}: {message}", status=error.code) from None
 
     def _json(self, method: str, path: str, body: dict | None = None) -> Any:
         with self._request(method, path, body) as response:

@@ -11,6 +11,7 @@ from typing import Any, Callable, Sequence
 
 import httpx
 
+from patches.vllm.patch_sweep.runtime import ENABLE_ENV as PATCHING_ENV
 from verify.checks import CHECKS, ERROR, FAIL, PASS, SKIP, CheckResult, Target, missing_patches, run_checks
 
 
@@ -20,11 +21,6 @@ DEFAULT_TOOL_ARGS = {
     "vllm": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
     "sglang": ["--tool-call-parser", "hermes"],
 }
-
-# patch-sweep's switch (patches.vllm.patch_sweep.runtime.ENABLE_ENV); set for a launched server whose
-# engine has patch-sweep applied, unless the caller's environment says otherwise.
-PATCHING_ENV = "TOOLKIT_ENABLE_PATCHING"
-
 
 @dataclass
 class VerifyReport:
@@ -137,7 +133,8 @@ def verify(
         env = dict(env or {})
         if (engine_name == "vllm" and "patch-sweep" in applied and (not checks or "patch-sweep" in checks)
                 and PATCHING_ENV not in env and PATCHING_ENV not in os.environ):
-            # The patch-sweep check needs its routes, which the patch adds only when enabled (eager mode).
+            # The patch-sweep check needs its routes, which the patch adds only when enabled (eager mode);
+            # the caller's own setting of the switch wins.
             env[PATCHING_ENV] = "1"
         # The interpreter the user named (a venv's bin/python), not the one it resolves to.
         server = EngineServer(engine_name, python or installed.python, model, server_args=server_args, env=env,

@@ -5,6 +5,7 @@ the middle of the checks). After every run no process of the server is left and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -22,6 +24,21 @@ from verify.server import pid_alive
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def vllm_patches_applied(vllm_python: str, patches: list[str]) -> Iterator[None]:
+    """``patches`` applied to the venv's vLLM for the block; afterwards those this block added are reverted."""
+    from toolkit import apply_patch, patch_status, revert_patch
+
+    before = {row.patch_id for row in patch_status("vllm", python=vllm_python) if row.state == "applied"}
+    apply_patch("vllm", patches, python=vllm_python)
+    try:
+        yield
+    finally:
+        added = [p for p in patches if p not in before]
+        if added:
+            revert_patch("vllm", added, python=vllm_python)
 
 
 def assert_cleaned_up(report) -> None:
@@ -37,22 +54,13 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
     patch-sweep applied: every check runs and passes, the Responses-API grammar check and the patch-sweep
     smoke check included (verify turns TOOLKIT_ENABLE_PATCHING on for the server it launches). (Skipping
     for a missing patch is covered by the unpatched SGLang case.)"""
-    from toolkit import apply_patch, patch_status, revert_patch
-
     vllm_python = engine_python(venv)
 
-    ours = ["tito", "responses-stream", "patch-sweep"]
-    before = {row.patch_id for row in patch_status("vllm", python=vllm_python) if row.state == "applied"}
-    apply_patch("vllm", ours, python=vllm_python)
-    try:
+    with vllm_patches_applied(vllm_python, ["tito", "responses-stream", "patch-sweep"]):
         proc = subprocess.run(
             [sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--python", vllm_python, "--json"],
             capture_output=True, text=True, timeout=600, cwd=REPO,
         )
-    finally:
-        added = [p for p in ours if p not in before]
-        if added:
-            revert_patch("vllm", added, python=vllm_python)
     report = json.loads(proc.stdout)
     statuses = {r["name"]: r["status"] for r in report["results"]}
     assert proc.returncode == 0, (statuses, report["results"], proc.stderr[-2000:])
@@ -72,16 +80,9 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
 def test_patch_sweep_check_skips_when_the_server_runs_without_patching(vllm_python, tiny_model):
     """patch-sweep applied, but the caller's environment turns patching off: verify leaves it off, and the
     check says why instead of failing."""
-    from toolkit import apply_patch, patch_status, revert_patch
-
-    before = {row.patch_id for row in patch_status("vllm", python=vllm_python) if row.state == "applied"}
-    apply_patch("vllm", ["patch-sweep"], python=vllm_python)
-    try:
+    with vllm_patches_applied(vllm_python, ["patch-sweep"]):
         report = verify(tiny_model, engine="vllm", python=vllm_python, checks=["patch-sweep"],
                         env={"TOOLKIT_ENABLE_PATCHING": "0"})
-    finally:
-        if "patch-sweep" not in before:
-            revert_patch("vllm", ["patch-sweep"], python=vllm_python)
     [result] = report.results
     assert (result.name, result.status) == ("patch-sweep", "skip"), result
     assert "without TOOLKIT_ENABLE_PATCHING=1" in result.detail

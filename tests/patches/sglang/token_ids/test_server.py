@@ -212,11 +212,13 @@ def test_tool_markup_the_parser_holds_back_comes_with_the_tool_call_chunk(runs, 
     # The opener's ids are held with its text and sent at the latest with the tool call's first chunk:
     # on that chunk, or (when the server merged queued outputs, so the text before the opener and the
     # opener arrived as one engine output) on the chunk of the text before it. Never after.
-    sent = [token for c in chunks[:named_at + 1] for token in (c.get("token_ids") or [])]
-    assert any(sent[i:i + len(opener)] == opener for i in range(len(sent))), (opener, chunks[:named_at + 1])
+    def holds_opener(some: list[dict]) -> bool:
+        ids = [token for c in some for token in (c.get("token_ids") or [])]
+        return any(ids[i:i + len(opener)] == opener for i in range(len(ids)))
+
+    assert holds_opener(chunks[:named_at + 1]), (opener, chunks[:named_at + 1])
     assert chunks[named_at].get("token_ids"), chunks[named_at]
-    later = [token for c in chunks[named_at + 1:] for token in (c.get("token_ids") or [])]
-    assert not any(later[i:i + len(opener)] == opener for i in range(len(later))), (opener, chunks[named_at:])
+    assert not holds_opener(chunks[named_at + 1:]), (opener, chunks[named_at:])
 
 
 def test_server_wide_flag_gives_every_request_ids(runs):
