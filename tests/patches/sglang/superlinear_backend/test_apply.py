@@ -5,32 +5,30 @@ revert restores every file byte for byte (turning the backend off gives back the
 from __future__ import annotations
 
 import hashlib
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from patches.sglang.superlinear_backend.patch import PATCH
+from tests.harness.channel import WRITE_RESULT_SNIPPET, DriverRun, run_driver
 from tests.harness.fixtures import ensure_engine_python
 
 pytestmark = [pytest.mark.engine]
 
-PROBE = r"""
-import json
+PROBE = WRITE_RESULT_SNIPPET + r"""
 from sglang.srt.layers.attention import attention_registry
 from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, ServerArgs
 from sglang.srt.utils.common import support_triton
 parser = __import__("argparse").ArgumentParser()
 ServerArgs.add_cli_args(parser)
 args = parser.parse_args(["--model-path", "m", "--attention-backend", "superlinear"])
-print("RESULT " + json.dumps({
+write_result({
     "registered": "superlinear" in attention_registry.ATTENTION_BACKENDS,
     "factory": attention_registry.ATTENTION_BACKENDS.get("superlinear", print).__module__,
     "choice": "superlinear" in ATTENTION_BACKEND_CHOICES,
     "cli": args.attention_backend,
     "triton": support_triton("superlinear"),
-}))
+})
 """
 
 
@@ -42,8 +40,8 @@ def files_sha(python: str) -> dict[str, str]:
             for edit in PATCH.files}
 
 
-def probe(python: str) -> subprocess.CompletedProcess:
-    return subprocess.run([python, "-c", PROBE], check=False, capture_output=True, text=True, timeout=300)
+def probe(python: str) -> DriverRun:
+    return run_driver([python, "-c", PROBE], timeout=300)
 
 
 def test_patched_0_5_9_offers_superlinear_and_revert_restores_it(tmp_path):
@@ -57,9 +55,7 @@ def test_patched_0_5_9_offers_superlinear_and_revert_restores_it(tmp_path):
     assert apply_patch(engine="sglang", patches=["superlinear-backend"], python=python)
     try:
         patched = probe(python)
-        assert patched.returncode == 0, patched.stderr[-3000:]
-        line = [x for x in patched.stdout.splitlines() if x.startswith("RESULT ")][-1]
-        assert json.loads(line[len("RESULT "):]) == {
+        assert patched.ok() == {
             "registered": True, "factory": "patches.sglang.superlinear.plugin", "choice": True,
             "cli": "superlinear", "triton": False,
         }

@@ -1,4 +1,4 @@
-"""Drive SGLang's real ``OpenAIServingChat`` with TITO requests; print JSON.
+"""Drive SGLang's real ``OpenAIServingChat`` with TITO requests; hand back JSON (tests/harness/channel.py).
 
     <sglang venv python> serving_driver.py MODEL_DIR
 
@@ -14,7 +14,6 @@ engine was asked (prompt ids, stop strings, logprob settings).
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 
@@ -148,4 +147,6 @@ async def main(model: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(sys.argv[1]))))
+    from tests.harness.channel import write_result
+
+    write_result(asyncio.run(main(sys.argv[1])))

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.harness.channel import run_driver
 from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
 from tests.patches.sglang.token_ids.private_sglang import (  # tito edits the same files
     private_install,
@@ -40,10 +40,7 @@ STREAMS = ("nonstream", "stream")
 def drive(python: str, model: str) -> dict:
     environ = {k: v for k, v in os.environ.items() if k != "TOOLKIT_RETURN_TOKEN_IDS"}
     environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([python, str(DRIVER), model], capture_output=True, text=True, env=environ,
-                          timeout=600, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout)
+    return run_driver([python, str(DRIVER), model], env=environ, timeout=600, cwd="/").ok()
 
 
 @dataclass

