@@ -1,11 +1,31 @@
 """toolkit: versioned codemods that make installed vLLM and SGLang engines do what RL and
-interpretability work needs, without a fork."""
+interpretability work needs, without a fork.
+
+``import toolkit`` is cheap (no libcst, no torch): patched engines import this package's runtime
+modules in every process, so the public API below loads on first use.
+"""
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
-from toolkit.api import apply_patch, patch_status, revert_patch  # noqa: E402
-from toolkit.errors import PatchError  # noqa: E402
+from toolkit.version import __version__
+
+if TYPE_CHECKING:
+    from toolkit.api import apply_patch, patch_status, revert_patch
+    from toolkit.errors import PatchError
 
 __all__ = ["__version__", "apply_patch", "revert_patch", "patch_status", "PatchError"]
+
+_LAZY = {"apply_patch": "toolkit.api", "revert_patch": "toolkit.api", "patch_status": "toolkit.api",
+         "PatchError": "toolkit.errors"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from toolkit import __version__
+from toolkit.version import __version__
 from toolkit import engine as _engine
 from toolkit.api import resolve_engines
 from toolkit.discovery import InstalledEngine

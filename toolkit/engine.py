@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from toolkit import __version__
+from toolkit.version import __version__
 from toolkit.codemod import Patch
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import DriftError, PatchError, UsageError

@@ -314,7 +314,7 @@ def check_patch_sweep(target: Target) -> str:
     import urllib.error
     import uuid
 
-    from toolkit.patch_study import PatchStudy, PatchStudyError, Span
+    from patches.vllm.patch_sweep.client import PatchStudy, PatchStudyError, Span
 
     study = PatchStudy(target.base_url, timeout=300)
     try:

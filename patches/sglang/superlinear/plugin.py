@@ -1,8 +1,11 @@
 """SGLang general plugin (0.5.23+, entry point ``sglang.srt.plugins``): add the ``superlinear`` backend.
 
-Registers ``create_superlinear_backend`` under ``superlinear`` in SGLang's attention registry and adds
-the name to the CLI's ``--attention-backend`` choices. Nothing else changes: a server started with
-another backend is stock. Loaded in every SGLang process; imports the backend lazily.
+With ``TOOLKIT_ATTENTION_BACKEND=superlinear`` (the switch every engine shares), registers
+``create_superlinear_backend`` under ``superlinear`` in SGLang's attention registry and adds the name
+to the CLI's ``--attention-backend`` choices; then ``--attention-backend superlinear`` selects it.
+Off, it registers nothing and imports nothing but the standard-library switch. Loaded in every SGLang
+process; imports the backend lazily. (SGLang 0.5.9 has no plugins: there the ``superlinear-backend``
+patch registers the name through :data:`NAME` and :func:`create`.)
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ def add_choice(choices: list) -> None:
 
 
 def register() -> None:
+    from patches.common.superlinear.switch import backend_enabled
+
+    if not backend_enabled():  # raises on a value it does not understand
+        return
     from sglang.srt.layers.attention import attention_registry
 
     attention_registry.ATTENTION_BACKENDS.setdefault(NAME, create)

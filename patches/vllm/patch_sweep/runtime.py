@@ -13,27 +13,11 @@ Nothing here imports the patch engine, libcst, torch or FastAPI at import time.
 from __future__ import annotations
 
 import functools
-import logging
-import os
 from typing import Any, Callable
 
-ENABLE_ENV = "TOOLKIT_ENABLE_PATCHING"
-WORKER_PREFIX = "toolkit_patch_sweep_"
+from patches.vllm.patch_sweep.shared import ENABLE_ENV, WORKER_PREFIX, enabled, log
 
-
-
-def log() -> logging.Logger:
-    """vLLM's logger when vLLM is loaded (so lines show up in the server log), else a plain one; looked up
-    at call time, since this module is imported before vLLM configures logging."""
-    try:
-        from vllm.logger import init_logger
-    except ImportError:
-        return logging.getLogger("toolkit.patch_sweep")
-    return init_logger("vllm.toolkit.patch_sweep")
-
-
-def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+__all__ = ["ENABLE_ENV", "attach_routes", "enabled", "force_eager", "worker_method"]
 
 
 def attach_routes(app: Any) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from patches.common.spans import ALL_PROMPT, SpanError, prompt_char_offsets, resolve_positions
-from patches.vllm.patch_sweep.runtime import WORKER_PREFIX, log
+from patches.vllm.patch_sweep.shared import WORKER_PREFIX
 
 HOOKS = ("pre_attn", "post_attn", "post_block")
 METRICS = ("logprob", "logit_diff", "recovered")

@@ -28,14 +28,14 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from patches.vllm.superlinear.config import load_config
+from patches.common.superlinear.config import load_config
 from patches.vllm.superlinear.paged import (
     layout_from_probe,
     read_blocks,
     read_positions,
     split_kv_cache,
 )
-from patches.vllm.superlinear.ragged import superlinear_ragged
+from patches.common.superlinear.ragged import superlinear_ragged
 
 # A child of the "vllm" logger: vLLM configures handlers for its own namespace only.
 logger = init_logger("vllm.toolkit_superlinear")

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kernels.superlinear.api import superlinear_attention
-from patches.vllm.superlinear.config import (
+from patches.common.superlinear.config import (
     SuperlinearConfig,
     SuperlinearConfigError,
     backend_enabled,
@@ -26,7 +26,7 @@ from patches.vllm.superlinear.paged import (
     read_positions,
     split_kv_cache,
 )
-from patches.vllm.superlinear.ragged import decode_positions, superlinear_ragged
+from patches.common.superlinear.ragged import decode_positions, superlinear_ragged
 
 HQ, HKV, D, BS = 4, 2, 32, 16
 COVERING = SuperlinearConfig(sw_index=7, backward_factor=8.0, forward_factor=8.0)

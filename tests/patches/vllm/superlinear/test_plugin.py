@@ -16,10 +16,18 @@ from tests.harness.fixtures import VLLM_ENVS, ensure_engine_python
 pytestmark = [pytest.mark.engine]
 
 PROBE = WRITE_RESULT_SNIPPET + r"""
-import json, torch
+import json, sys, torch
 from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
+# what the plugin pulled in: with the switch off, nothing of the kernels or the backend
+ours_loaded = sorted(m for m in sys.modules if m.split(".")[0] == "kernels" or m.startswith(
+    ("patches.vllm.superlinear.backend", "patches.common.superlinear.config", "patches.common.superlinear.ragged")))
+try:
+    custom = E.CUSTOM.get_path()
+except Exception as exc:  # CUSTOM unregistered: vLLM says so
+    custom = "unregistered: " + type(exc).__name__
+cpu = E.CPU_ATTN.get_path()
 from vllm import _custom_ops as ops
 from patches.vllm.superlinear.paged import layout_from_probe, read_blocks, read_positions, split_kv_cache
 reads = {}
@@ -40,7 +48,7 @@ for isa in ("vec", "vec16"):
             torch.equal(read_positions(kc, blocks, some, k_perm), key[some].transpose(0, 1))
             and torch.equal(read_positions(vc, blocks, some, v_perm), value[some].transpose(0, 1)))
 import vllm
-write_result({"version": vllm.__version__, "cpu": E.CPU_ATTN.get_path(), "custom": E.CUSTOM.get_path(), "reads": reads})
+write_result({"version": vllm.__version__, "cpu": cpu, "custom": custom, "reads": reads, "ours_loaded": ours_loaded})
 """
 
 OURS = "patches.vllm.superlinear.backend.SuperlinearCPUBackend"
@@ -66,15 +74,17 @@ def result(proc: DriverRun) -> dict:
     return proc.ok()
 
 
-def test_off_leaves_cpu_attention_stock_and_names_custom(vllm_any, request):
+def test_off_registers_nothing_and_imports_no_kernels(vllm_any, request):
     got = result(probe(vllm_any))
     assert got["version"] == ENV_VERSIONS[request.node.callspec.params["vllm_any"]]
-    assert got["cpu"] == STOCK and got["custom"] == OURS
+    assert got["cpu"] == STOCK and got["custom"] != OURS, got
+    assert got["ours_loaded"] == [], got["ours_loaded"]
 
 
 def test_on_overrides_cpu_attention_and_reads_the_real_cache_layouts(vllm_any):
     got = result(probe(vllm_any, TOOLKIT_ATTENTION_BACKEND="superlinear", TOOLKIT_SUPERLINEAR_TOPK="2"))
     assert got["cpu"] == OURS and got["custom"] == OURS
+    assert "patches.common.superlinear.config" in got["ours_loaded"]  # the settings were validated
     # vLLM's own cache write (keys of a block stored transposed by these ISAs) read back token by token.
     assert got["reads"] and all(got["reads"].values()), got["reads"]
 

@@ -32,12 +32,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from kernels.superlinear.spans import SuperlinearParams
+from patches.common.superlinear.switch import (  # noqa: F401 (re-exported)
+    BACKEND_ENV,
+    SuperlinearConfigError,
+    backend_enabled,
+)
 
-BACKEND_ENV = "TOOLKIT_ATTENTION_BACKEND"
 CONFIG_ENV = "TOOLKIT_SUPERLINEAR_CONFIG"
 ENV_PREFIX = "TOOLKIT_SUPERLINEAR_"
-ON_VALUES = ("superlinear",)
-OFF_VALUES = ("", "dense", "default", "none")
 IMPLS = ("auto", "gather", "triton", "naive")
 
 # config key -> (environment variable, parser)
@@ -51,10 +53,6 @@ _KEYS: dict[str, tuple[str, type]] = {
     "inv_search_power_int": ("TOOLKIT_SUPERLINEAR_INV_SEARCH_POWER", int),
     "impl": ("TOOLKIT_SUPERLINEAR_IMPL", str),
 }
-
-
-class SuperlinearConfigError(ValueError):
-    """A superlinear-attention setting is malformed; the message names it and what to change."""
 
 
 @dataclass(frozen=True)
@@ -74,19 +72,6 @@ class SuperlinearConfig(SuperlinearParams):
 
     def describe(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in asdict(self).items() if v is not None)
-
-
-def backend_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``TOOLKIT_ATTENTION_BACKEND`` asks for superlinear attention (a bad value raises)."""
-    environ = os.environ if environ is None else environ
-    value = environ.get(BACKEND_ENV, "").strip().lower()
-    if value in ON_VALUES:
-        return True
-    if value in OFF_VALUES:
-        return False
-    raise SuperlinearConfigError(
-        f"{BACKEND_ENV}={environ.get(BACKEND_ENV)!r} is not understood: use 'superlinear' to turn "
-        f"superlinear attention on, or unset it (or 'dense') for the engine's own attention")
 
 
 def _parse(key: str, raw, source: str):

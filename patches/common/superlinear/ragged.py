@@ -23,7 +23,7 @@ from kernels.superlinear.api import (
     superlinear_decode,
     superlinear_search,
 )
-from patches.vllm.superlinear.config import SuperlinearConfig
+from patches.common.superlinear.config import SuperlinearConfig
 
 # fetch_kv(r, n) -> (k, v), each [H_KV, >= n, D]: the first n cached tokens of request r, in order.
 FetchKV = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]

@@ -1,0 +1,26 @@
+"""Names the patch-sweep modules share (the switch, the worker RPC prefix, the logger), so that the
+entry points (``runtime``) and what they load on demand (``server``, ``worker``) import this module
+and never each other. Standard library only."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+ENABLE_ENV = "TOOLKIT_ENABLE_PATCHING"
+WORKER_PREFIX = "toolkit_patch_sweep_"
+
+
+
+def log() -> logging.Logger:
+    """vLLM's logger when vLLM is loaded (so lines show up in the server log), else a plain one; looked up
+    at call time, since this module is imported before vLLM configures logging."""
+    try:
+        from vllm.logger import init_logger
+    except ImportError:
+        return logging.getLogger("toolkit.patch_sweep")
+    return init_logger("vllm.toolkit.patch_sweep")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")

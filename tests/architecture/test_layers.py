@@ -1,0 +1,85 @@
+"""The layers of this project, checked on its import graph (tests/architecture/import_graph.py).
+
+Top to bottom: the CLI and the package's front door; ``verify``; the patch engine and its API; the
+patches; at the bottom the codemod base (what a patch's declaration and codemods build on) and the
+kernels. A module may import from its own layer or any layer below, never above; there are no
+circles; a patch for one engine never imports another engine's patches, and shared patch code
+(``patches.common``) imports no engine's patches.
+"""
+
+from __future__ import annotations
+
+from tests.architecture.import_graph import cycles, edges
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
+    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli")),
+    ("verify", ("verify",)),
+    ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.patch_study")),
+    ("patches", ("patches",)),
+    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.errors", "toolkit.discovery", "toolkit.sources",
+              "toolkit.version", "kernels")),
+]
+RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in RANK:
+            name = next(layer for layer, prefixes in LAYERS if prefix in prefixes)
+            return name, RANK[prefix]
+    raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
+
+
+def engine_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "patches" and len(parts) > 1 else None
+
+
+def test_the_graph_sees_the_known_dependencies():
+    graph = edges()
+    assert "toolkit.codemod" in graph["patches.vllm.tito.codemods"]  # a patch builds on the codemod base
+    assert "patches.vllm.patch_sweep.client" in graph["verify.checks"]  # a lazy import counts too
+
+
+def test_no_import_circles():
+    assert cycles(edges()) == []
+
+
+def test_every_import_goes_down_or_sideways():
+    wrong = []
+    for module, targets in sorted(edges().items()):
+        (layer, rank) = layer_of(module)
+        for target, line in targets.items():
+            target_layer, target_rank = layer_of(target)
+            if target_rank > rank:
+                wrong.append(f"{module}:{line} ({layer}) imports {target} ({target_layer}), a layer above it")
+    assert wrong == []
+
+
+def test_patches_of_one_engine_never_import_another_engines():
+    wrong = []
+    for module, targets in sorted(edges().items()):
+        source_engine = engine_of(module)
+        if source_engine is None:
+            continue
+        for target, line in targets.items():
+            target_engine = engine_of(target)
+            if target_engine not in (None, "common", source_engine):
+                wrong.append(f"{module}:{line} imports {target}")
+            if source_engine == "common" and target_engine not in (None, "common"):
+                wrong.append(f"{module}:{line} (shared code) imports {target}")
+    assert wrong == []
+
+
+def test_import_toolkit_loads_neither_libcst_nor_torch():
+    """Patched engines import this package in every process: the front door stays light."""
+    import subprocess
+    import sys
+
+    from tests.architecture.import_graph import REPO
+
+    code = "import sys, toolkit; print(sorted(m for m in ('libcst', 'torch', 'rich') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
