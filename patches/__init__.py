@@ -1,30 +1,49 @@
-"""Every patch this project ships, one package per patch per engine.
+"""Every patch this project ships, one package per patch per engine, found through an entry-point group.
 
-The patch engine finds patches only through :func:`all_patches`; importing a patch package imports
-its declaration and codemods, never its runtime module (which runs inside the engine's process),
-and importing a runtime module imports nothing of the patch engine.
+A patch is declared by a ``PATCH`` object in its ``patch.py`` and registered in the entry-point group
+``toolkit.patches`` (this project's own in pyproject.toml); another installed package can ship a
+patch the same way. The patch engine finds patches only through :func:`all_patches`. Nothing is
+imported at package import: a runtime module (``patches.<engine>.<patch>.runtime``) runs inside every
+engine process and must not drag libcst and the patch engine in with it.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from toolkit.codemod import Patch
 
-# Module paths of patch declarations; each exposes ``PATCH``. Nothing is imported at package import:
-# a runtime module (``patches.<engine>.<patch>.runtime``) runs inside every engine process and must
-# not drag libcst and the patch engine in with it.
-PATCH_MODULES: tuple[str, ...] = (
-    "patches.sglang.token_ids.patch",
-    "patches.sglang.tito.patch",
-    "patches.sglang.superlinear_backend.patch",
-    "patches.vllm.patch_sweep.patch",
-    "patches.vllm.responses_stream.patch",
-    "patches.vllm.tito.patch",
-)
+ENTRY_POINT_GROUP = "toolkit.patches"
+
+
+class RegistryError(Exception):
+    """Two entry points declare the same patch, or one does not load; the message names them."""
+
+
+OWN_DISTRIBUTION = "serving-toolkit"
+
+
+def _own_first(entry) -> int:
+    dist = getattr(entry, "dist", None)
+    name = (getattr(dist, "name", "") or "").lower().replace("_", "-")
+    return 0 if name == OWN_DISTRIBUTION else 1
 
 
 def all_patches() -> list[Patch]:
-    return [importlib.import_module(name).PATCH for name in PATCH_MODULES]
+    """Every registered patch: this project's in the order pyproject.toml lists them (patches that edit
+    the same file are applied in that order), then other packages' patches."""
+    from importlib.metadata import entry_points
+
+    found: dict[tuple[str, str], tuple[str, Patch]] = {}
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=_own_first):  # stable: keeps file order
+        try:
+            patch = entry.load()
+        except Exception as exc:  # a broken third-party patch must say which one it is
+            raise RegistryError(f"patch entry point {entry.name} = {entry.value} does not load: {exc}") from exc
+        key = (patch.engine, patch.id)
+        if key in found and found[key][0] != entry.value:
+            raise RegistryError(f"two entry points declare {patch.engine} patch {patch.id}: "
+                                f"{found[key][0]} and {entry.value}")
+        found[key] = (entry.value, patch)
+    return [patch for _, patch in found.values()]

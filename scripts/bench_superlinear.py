@@ -10,7 +10,9 @@ per (method, length) makes one call; peak = ``ru_maxrss`` after the call minus t
 just before it (inputs already allocated; the output is included).
 
 GPU (``--gpu``): the Triton kernels vs SDPA's flash backend (bf16), prefill at 32K..1M and one
-decode step at 128K..1M (also replayed from CUDA graphs), with the FLOP and byte floors of each.
+decode step at 128K..1M (also replayed from CUDA graphs), with the FLOP and byte floors of each;
+the ``-paged`` rows run the same keys from a shuffled paged cache (block size 16) through the block
+table (``superlinear_attention_paged`` / ``superlinear_decode_paged``; dense baseline unchanged).
 ``--gpu --dry-run`` runs the same code path on CPU under ``TRITON_INTERPRET=1`` at tiny sizes and
 checks the kernels against the gather implementation (times mean nothing there).
 
@@ -44,9 +46,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from kernels.superlinear import superlinear_attention, superlinear_decode  # noqa: E402
+from kernels.superlinear.paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged  # noqa: E402
 from kernels.superlinear.spans import SuperlinearParams, span_geometry  # noqa: E402
 
 HEADS, KV_HEADS, DIM, BATCH = 8, 2, 64, 1
+PAGED_BLOCK_SIZE = 16  # vLLM's default block size
 PARAMS = dict(sw_index=0, topk=3, backward_factor=2.0, forward_factor=0.0, span_power=0.5)  # defaults
 
 # Peak dense bf16 tensor FLOP/s and HBM bytes/s, for the floors (public spec sheets, SXM parts).
@@ -261,6 +265,34 @@ def cpu_suite(lengths: list[int], decode_lengths: list[int], repeats: int) -> li
     return rows
 
 
+def paged_cache(k, v, block_size: int = PAGED_BLOCK_SIZE, seed: int = 0) -> PagedKV:
+    """B=1 keys/values ``[1, H_KV, L, D]`` copied into a paged cache with shuffled blocks."""
+    _, kv_heads, length, dim = k.shape
+    blocks = -(-length // block_size)
+    order = torch.randperm(blocks, generator=torch.Generator().manual_seed(seed)).to(k.device)
+    key_cache = k.new_zeros((blocks, kv_heads, block_size, dim))
+    value_cache = v.new_zeros((blocks, kv_heads, block_size, dim))
+    pad = blocks * block_size - length
+    for src, dst in ((k, key_cache), (v, value_cache)):
+        padded = F.pad(src[0], (0, 0, 0, pad)).view(kv_heads, blocks, block_size, dim).transpose(0, 1)
+        dst[order] = padded
+    table = order.to(torch.int32)[None]
+    return PagedKV.from_blocks(key_cache, value_cache, table, torch.tensor([length], device=k.device))
+
+
+def paged_fn(kind: str, q, k, v):
+    """The Triton paged entry point over ``paged_cache(k, v)``, output preallocated (as an engine's)."""
+    kv = paged_cache(k, v)
+    if kind == "prefill":
+        query = q[0].transpose(0, 1)  # [L, H_Q, D], a strided view as an engine's flattened rows
+        starts = torch.tensor([0, query.shape[0]], device=q.device)
+        out = torch.empty_like(query)
+        return lambda: superlinear_attention_paged(query, kv, starts, impl="triton", out=out, **PARAMS)
+    query = q[:, :, 0]  # [1, H_Q, D]
+    out = torch.empty_like(query)
+    return lambda: superlinear_decode_paged(query, kv, impl="triton", out=out, **PARAMS)
+
+
 def gpu_suite(lengths: list[int], decode_lengths: list[int], repeats: int, dry_run: bool) -> list[dict]:
     if dry_run:
         device, dtype, timer = "cpu", torch.float32, time_cpu  # interpreter: fp32 (bf16 dots unsupported)
@@ -281,10 +313,13 @@ def gpu_suite(lengths: list[int], decode_lengths: list[int], repeats: int, dry_r
                 group = q.shape[1] // k.shape[1]
                 return fn(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1))
 
-    for op, lens in (("prefill", lengths), ("decode", decode_lengths)):
+    ops = (("prefill", lengths), ("prefill-paged", lengths), ("decode", decode_lengths),
+           ("decode-paged", decode_lengths))
+    for op, lens in ops:
+        kind, paged = op.split("-")[0], op.endswith("-paged")
         for length in lens:
-            q, k, v = make_qkv(length, dtype, device, query_len=None if op == "prefill" else 1)
-            if op == "prefill":
+            q, k, v = make_qkv(length, dtype, device, query_len=None if kind == "prefill" else 1)
+            if kind == "prefill":
                 dense_fn = lambda: dense_call(lambda a, b, c: F.scaled_dot_product_attention(  # noqa: E731
                     a, b, c, is_causal=True, enable_gqa=True), q, k, v)
                 sl_fn = lambda: superlinear_attention(q, q, k, v, impl="triton", **PARAMS)  # noqa: E731
@@ -293,16 +328,20 @@ def gpu_suite(lengths: list[int], decode_lengths: list[int], repeats: int, dry_r
                 dense_fn = lambda: dense_call(lambda a, b, c: F.scaled_dot_product_attention(  # noqa: E731
                     a, b, c, enable_gqa=True), q, k, v)
                 sl_fn = lambda: superlinear_decode(q, q, k, v, pos, impl="triton", **PARAMS)  # noqa: E731
+            if paged:  # the same keys in a shuffled paged cache, read through the block table
+                sl_fn = paged_fn(kind, q, k, v)
             check = None
             if dry_run:  # the interpreted kernels must agree with the gather implementation
-                ref = (superlinear_attention(q, q, k, v, impl="gather", **PARAMS) if op == "prefill"
+                ref = (superlinear_attention(q, q, k, v, impl="gather", **PARAMS) if kind == "prefill"
                        else superlinear_decode(q, q, k, v, pos, impl="gather", **PARAMS))
-                check = float((sl_fn().float() - ref.float()).abs().max())
+                got = sl_fn()
+                got = got.transpose(0, 1)[None] if paged and kind == "prefill" else got
+                check = float((got.float().reshape(ref.shape) - ref.float()).abs().max())
             d = statistics.median(timer(dense_fn, repeats))
             s = statistics.median(timer(sl_fn, repeats))
-            fl = floors(op, length, torch.finfo(dtype).bits // 8)
+            fl = floors(kind, length, torch.finfo(dtype).bits // 8)
             row = {"op": op, "L": length, "dense_s": d, "sl_s": s, "speedup": d / s, **fl}
-            if op == "decode" and device == "cuda":
+            if kind == "decode" and device == "cuda":
                 # A serving engine replays decode steps from CUDA graphs: launch overhead excluded.
                 dg, sg = cuda_graph(dense_fn), cuda_graph(sl_fn)
                 if dg and sg:

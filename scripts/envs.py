@@ -291,6 +291,10 @@ class Builder:
         if not force and self.repo_install_current():
             return "repo install current"
         stamp_path.unlink(missing_ok=True)
+        # This project was once distributed as "toolkit" (a name PyPI gives another project): drop that
+        # install, or two distributions would claim the same package.
+        if any(self.dir.glob("lib/python*/site-packages/toolkit-*.dist-info")):
+            self.pip("uninstall", "-y", "-q", "toolkit", what="pip uninstall toolkit (this project's old name)")
         self.pip("install", "-q", "--no-deps", "-e", str(REPO_ROOT), what=f"pip install --no-deps -e {REPO_ROOT}")
         stamp_path.write_text(json.dumps(stamp, indent=2) + "\n")
         return "repo installed"
@@ -312,7 +316,7 @@ class Builder:
         return current and self._installed_repo() == REPO_ROOT.as_uri()
 
     def _installed_repo(self) -> str | None:
-        for direct_url in self.dir.glob("lib/python*/site-packages/toolkit-*.dist-info/direct_url.json"):
+        for direct_url in self.dir.glob("lib/python*/site-packages/serving_toolkit-*.dist-info/direct_url.json"):
             try:
                 return json.loads(direct_url.read_text()).get("url", "").rstrip("/")
             except (OSError, ValueError):

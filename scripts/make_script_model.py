@@ -100,7 +100,7 @@ def _fingerprint() -> str:
 
 
 def default_dir() -> Path:
-    root = Path(os.environ.get("TOOLKIT_CACHE", Path.home() / ".cache" / "toolkit"))
+    root = Path((os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit"))
     return root / "models" / f"script-model-{_fingerprint()}"
 
 

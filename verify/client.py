@@ -7,7 +7,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+from toolkit.extras import require
+
+require("verify", ("httpx",), "toolkit verify")
+import httpx  # noqa: E402
 
 
 class ServerGone(Exception):

@@ -9,7 +9,10 @@ from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-import httpx
+from toolkit.extras import require
+
+require("verify", ("httpx",), "toolkit verify")
+import httpx  # noqa: E402
 
 from patches.vllm.patch_sweep.runtime import ENABLE_ENV as PATCHING_ENV
 from verify.checks import CHECKS, ERROR, FAIL, PASS, SKIP, CheckResult, Target, missing_patches, run_checks
@@ -68,6 +71,7 @@ def served_model_name(base_url: str, timeout: float = 10.0) -> str:
 
 
 def load_tokenizer(model: str) -> Any:
+    require("verify", ("transformers",), "toolkit verify")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(model)

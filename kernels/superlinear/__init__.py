@@ -5,6 +5,10 @@ Public entry points (``api``): ``superlinear_attention`` (prefill and prefill ch
 each query selects).  ``spans`` holds the exact-integer span arithmetic all implementations share.
 Implementations: ``naive`` (dense masks, tests only), ``gather`` (PyTorch, CPU and fallback),
 ``triton`` (GPU kernels).
+
+Over an engine's paged KV cache (``paged``): ``PagedKV`` (blocks + block table, or a token pool),
+``superlinear_attention_paged`` (ragged serving batches) and ``superlinear_decode_paged`` (one
+query per request; the Triton path is CUDA-graph capturable).
 """
 
 from .api import (
@@ -15,16 +19,20 @@ from .api import (
     superlinear_decode,
     superlinear_search,
 )
+from .paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged
 from .spans import SpanGeometry, SuperlinearParams, span_geometry
 
 __all__ = [
     "IMPLEMENTATIONS",
+    "PagedKV",
     "SpanGeometry",
     "SpanSearch",
     "SuperlinearParams",
     "resolve_impl",
     "span_geometry",
     "superlinear_attention",
+    "superlinear_attention_paged",
     "superlinear_decode",
+    "superlinear_decode_paged",
     "superlinear_search",
 ]

@@ -14,10 +14,10 @@ from tests.architecture.import_graph import cycles, edges
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
     ("front", ("toolkit", "toolkit.__main__", "toolkit.cli")),
     ("verify", ("verify",)),
-    ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.patch_study")),
+    ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.repair", "toolkit.patch_study")),
     ("patches", ("patches",)),
-    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.errors", "toolkit.discovery", "toolkit.sources",
-              "toolkit.version", "kernels")),
+    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs",
+              "toolkit.version", "toolkit.extras", "kernels")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
 
@@ -26,6 +26,8 @@ def layer_of(module: str) -> tuple[str, int]:
     parts = module.split(".")
     for n in range(len(parts), 0, -1):
         prefix = ".".join(parts[:n])
+        if prefix == "toolkit" and module != "toolkit":
+            continue  # the package's front door itself, not everything in it: toolkit.x must be listed
         if prefix in RANK:
             name = next(layer for layer, prefixes in LAYERS if prefix in prefixes)
             return name, RANK[prefix]

@@ -47,7 +47,7 @@ def _boot_python() -> str:
 
 def _installed_from_here(venv: Path) -> bool:
     """Whether the venv's editable install of this project points at this clone."""
-    for direct_url in venv.glob("lib/python*/site-packages/toolkit-*.dist-info/direct_url.json"):
+    for direct_url in venv.glob("lib/python*/site-packages/serving_toolkit-*.dist-info/direct_url.json"):
         try:
             url = json.loads(direct_url.read_text()).get("url", "")
         except (OSError, ValueError):

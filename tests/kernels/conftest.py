@@ -35,6 +35,8 @@ try:
 
     import kernels.superlinear.triton.decode  # noqa: F401  (decorated now: interpreted or native)
     import kernels.superlinear.triton.prefill  # noqa: F401
+    import kernels.superlinear.triton.paged_decode  # noqa: F401
+    import kernels.superlinear.triton.paged_prefill  # noqa: F401
     TRITON_IMPORT_ERROR = None
 except Exception as exc:  # pragma: no cover - triton (or torch) missing or broken
     TRITON_IMPORT_ERROR = exc

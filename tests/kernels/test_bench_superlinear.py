@@ -30,7 +30,7 @@ def test_gpu_benchmark_dry_run_runs_the_triton_path_end_to_end(triton_device, tm
     import json
 
     rows = json.loads(out.read_text())["rows"]
-    assert [r["op"] for r in rows] == ["prefill", "decode"]
+    assert [r["op"] for r in rows] == ["prefill", "prefill-paged", "decode", "decode-paged"]
     assert all(r["max_abs_diff_vs_gather"] < 1e-4 for r in rows)
 
 

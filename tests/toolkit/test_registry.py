@@ -24,6 +24,43 @@ def test_every_patch_package_is_registered():
     assert len(ids) == len(set(ids))
 
 
+def _fake_distribution(site: Path, name: str, entry_points: str) -> None:
+    info = site / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+
+
+def test_another_package_can_ship_a_patch_through_the_entry_point_group(tmp_path, monkeypatch):
+    """A package that declares ``[toolkit.patches]`` in its entry points is found beside ours."""
+    _fake_distribution(tmp_path, "thirdparty-patch", "[toolkit.patches]\ndemo = tests.toolkit.demo_patches:DEMO\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    patches = all_patches()
+    assert ("sglang", "demo") in [(p.engine, p.id) for p in patches]
+    assert patches[-1].id == "demo"  # this project's own come first, in pyproject's order
+
+
+def test_two_packages_declaring_one_patch_id_is_an_error(tmp_path, monkeypatch):
+    from patches import RegistryError
+
+    _fake_distribution(tmp_path, "one-patch", "[toolkit.patches]\ndemo = tests.toolkit.demo_patches:DEMO\n")
+    (tmp_path / "other_demo.py").write_text(
+        "import dataclasses\nfrom tests.toolkit.demo_patches import SECOND\nPATCH = dataclasses.replace(SECOND, id='demo')\n")
+    _fake_distribution(tmp_path, "other-patch", "[toolkit.patches]\ndemo = other_demo:PATCH\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RegistryError, match="two entry points declare sglang patch demo"):
+        all_patches()
+
+
+def test_a_patch_that_does_not_load_is_named(tmp_path, monkeypatch):
+    from patches import RegistryError
+
+    _fake_distribution(tmp_path, "broken-patch", "[toolkit.patches]\nbroken = no_such_module_here:PATCH\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RegistryError, match="broken = no_such_module_here:PATCH does not load"):
+        all_patches()
+
+
 @pytest.mark.parametrize("module", RUNTIME_MODULES)
 def test_runtime_module_imports_nothing_of_the_patch_engine(module):
     code = (

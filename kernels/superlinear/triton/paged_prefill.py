@@ -1,0 +1,286 @@
+"""Triton superlinear attention of a ragged serving batch, reading K/V through the block table.
+
+The batch is the flattened query rows of R requests (prompts, prefill chunks over a cached prefix,
+single tokens); nothing is copied out of the cache.  Three launches plus a few torch ops, no host
+synchronisation:
+
+1. ``_paged_search_kernel`` (per KV head and block of rows, all G query heads of the group): the
+   stripe keys of each row are looked up through that row's request's block table;
+2. span bounds from the shared integer tables (torch); each query gets ``k + 1`` key ranges: its k
+   spans and, as slot k, its window;
+3. ``_paged_span_tile_kernel``: every (query, range) pair is grouped by ``tiling`` into tiles of one
+   (request, KV head) whose ranges start in the same logical key block; a program walks the tile's
+   footprint block by block (each key's physical address from the block table) with tile matmuls
+   and writes (lse, output) partials per pair;
+4. ``_paged_merge_kernel``: each span merged with the window by log-sum-exp, gated by the softmax
+   of the search scores, written straight into the engine's ``[T, H_Q, D]`` output.
+
+The plain PyTorch reference of the same computation is ``kernels.superlinear.paged`` with
+``impl="gather"`` (reads each request's prefix, then ``gather.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ..spans import span_bounds, span_geometry
+from ..tiling import build_span_tiles
+from .common import block_dim, dot_precision, finish_softmax, interpreting, online_softmax_step
+from .merge import merge_span
+from .paged_common import cache_args, paged_offsets
+from .prefill import _canonical_order
+from .search import NO_ANCHOR_BASE, topk_insert
+
+
+@triton.jit
+def _paged_search_kernel(
+    Q, K, K_PERM, BT, TOKEN_ROW, POS, STRIPE, COUNT, ANCHOR, SCORE,
+    stride_qt, stride_qh, stride_qd,
+    stride_k_block, stride_k_head, stride_k_token, stride_k_dim,
+    stride_bt,
+    T, G, DIM,
+    BLOCK_SIZE: tl.constexpr, K_HAS_PERM: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr,
+    GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # Rows r = g * BLOCK_Q + i: query head kvh * G + g of token i of the block (as search.py); the
+    # tokens of a block may belong to different requests, so each has its own block-table row.
+    kvh = tl.program_id(0)
+    pid_q = tl.program_id(1)
+    i = tl.arange(0, BLOCK_Q)
+    tokens = pid_q * BLOCK_Q + i
+    t_ok = tokens < T
+    qpos = tl.load(POS + tokens, mask=t_ok, other=-1)
+    table_base = tl.load(TOKEN_ROW + tokens, mask=t_ok, other=0).to(tl.int64) * stride_bt
+    r = tl.arange(0, GP * BLOCK_Q)
+    g = r // BLOCK_Q
+    rows = pid_q * BLOCK_Q + r % BLOCK_Q
+    row_ok = (rows < T) & (g < G)
+    h = kvh * G + g
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < DIM
+    q = tl.load(Q + rows[:, None].to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
+                + d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    k_head = K + kvh.to(tl.int64) * stride_k_head
+
+    slot = tl.arange(0, KPAD)
+    ts = tl.where(slot[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([GP * BLOCK_Q, KPAD], tl.float32)
+    ta = (NO_ANCHOR_BASE - slot[None, :]) + tl.zeros([GP * BLOCK_Q, KPAD], tl.int32)
+    n = tl.load(COUNT + tl.max(tl.maximum(qpos, 0), 0))
+    for j in range(0, n):
+        a_q = qpos + 1 - tl.load(STRIPE + j)
+        ok_q = t_ok & (a_q >= 0)
+        offs = paged_offsets(BT, table_base, a_q, ok_q, d, K_PERM, stride_k_block, stride_k_token, stride_k_dim,
+                             DIM, BLOCK_SIZE, K_HAS_PERM)
+        kr = tl.load(k_head + offs, mask=ok_q[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        k_rows = tl.reshape(tl.broadcast_to(kr[None, :, :], (GP, BLOCK_Q, BLOCK_D)), (GP * BLOCK_Q, BLOCK_D))
+        a = tl.reshape(tl.broadcast_to(a_q[None, :], (GP, BLOCK_Q)), (GP * BLOCK_Q,))
+        ok = tl.reshape(tl.broadcast_to(ok_q[None, :], (GP, BLOCK_Q)), (GP * BLOCK_Q,)) & row_ok
+        s = tl.sum(q * k_rows, 1)
+        ts, ta = topk_insert(ts, ta, s, a, ok)
+
+    out = (h[:, None].to(tl.int64) * T + rows[:, None]) * TOPK + slot[None, :]
+    store_ok = row_ok[:, None] & (slot[None, :] < TOPK)
+    found = ta >= 0
+    tl.store(ANCHOR + out, tl.where(found, ta, -1), mask=store_ok)
+    tl.store(SCORE + out, tl.where(found, ts, float("-inf")), mask=store_ok)
+
+
+@triton.jit
+def _paged_span_tile_kernel(
+    Q, K, V, K_PERM, V_PERM, BT, REQ_ROW, SEQ_LEN,
+    PAIR_IDS, TILE_GROUP, TILE_FIRST, TILE_NBLK, SPAN_LO, SPAN_HI, LSE, OUT,
+    stride_qt, stride_qh, stride_qd,
+    stride_k_block, stride_k_head, stride_k_token, stride_k_dim,
+    stride_v_block, stride_v_head, stride_v_token, stride_v_dim,
+    stride_bt,
+    T, KP, HKV, DIM, scale,
+    BLOCK_SIZE: tl.constexpr, K_HAS_PERM: tl.constexpr, V_HAS_PERM: tl.constexpr,
+    TILE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    t = tl.program_id(0)
+    nblk = tl.load(TILE_NBLK + t)
+    grp = tl.load(TILE_GROUP + t)
+    first = tl.load(TILE_FIRST + t)
+    req = grp // HKV
+    kvh = grp % HKV
+    table_base = tl.load(REQ_ROW + req).to(tl.int64) * stride_bt
+    seq_len = tl.load(SEQ_LEN + req)
+    slot = tl.arange(0, TILE)
+    ids = tl.load(PAIR_IDS + t.to(tl.int64) * TILE + slot)
+    ok = ids >= 0
+    ids = tl.where(ok, ids, 0)
+    row = ids // KP  # pair id = (h * T + token) * KP + range
+    token = row % T
+    h = row // T
+    lo = tl.load(SPAN_LO + ids, mask=ok, other=1)
+    hi = tl.load(SPAN_HI + ids, mask=ok, other=0)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < DIM
+    q = tl.load(Q + token[:, None].to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
+                + d[None, :] * stride_qd, mask=ok[:, None] & d_ok[None, :], other=0.0)
+    k_head = K + kvh.to(tl.int64) * stride_k_head
+    v_head = V + kvh.to(tl.int64) * stride_v_head
+
+    m_i = tl.full([TILE], float("-inf"), tl.float32)
+    l_i = tl.zeros([TILE], tl.float32)
+    acc = tl.zeros([TILE, BLOCK_D], tl.float32)
+    for blk in range(0, nblk):
+        kpos = (first + blk) * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_ok = kpos < seq_len
+        kd_ok = k_ok[:, None] & d_ok[None, :]
+        k_offs = paged_offsets(BT, table_base, kpos, k_ok, d, K_PERM, stride_k_block, stride_k_token,
+                               stride_k_dim, DIM, BLOCK_SIZE, K_HAS_PERM)
+        v_offs = paged_offsets(BT, table_base, kpos, k_ok, d, V_PERM, stride_v_block, stride_v_token,
+                               stride_v_dim, DIM, BLOCK_SIZE, V_HAS_PERM)
+        kt = tl.load(k_head + k_offs, mask=kd_ok, other=0.0).to(q.dtype)
+        vt = tl.load(v_head + v_offs, mask=kd_ok, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(kt), input_precision=DOT_PRECISION) * scale
+        allowed = k_ok[None, :] & (kpos[None, :] >= lo[:, None]) & (kpos[None, :] <= hi[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, vt, DOT_PRECISION)
+    lse, out = finish_softmax(m_i, l_i, acc)
+    tl.store(LSE + ids, lse, mask=ok)
+    tl.store(OUT + ids[:, None].to(tl.int64) * DIM + d[None, :], out, mask=ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _paged_merge_kernel(
+    LSE, PART_OUT, ANCHOR, SCORE, OUT,
+    stride_ot, stride_oh, stride_od,
+    T, DIM,
+    TOPK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # Partials per query: slots 0..TOPK-1 are its spans, slot TOPK its window (merge.py's layout
+    # with the window folded in).
+    h = tl.program_id(0)
+    pid_q = tl.program_id(1)
+    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    row_ok = rows < T
+    d = tl.arange(0, BLOCK_D)
+    io_mask = row_ok[:, None] & (d[None, :] < DIM)
+    idx = h.to(tl.int64) * T + rows
+    win = idx * (TOPK + 1) + TOPK
+    win_lse = tl.load(LSE + win, mask=row_ok, other=float("-inf"))
+    win_out = tl.load(PART_OUT + win[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
+    score_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    for j in tl.static_range(TOPK):
+        a = tl.load(ANCHOR + idx * TOPK + j, mask=row_ok, other=-1)
+        sc = tl.load(SCORE + idx * TOPK + j, mask=row_ok, other=float("-inf"))
+        score_max = tl.maximum(score_max, tl.where(a >= 0, sc, float("-inf")))
+    score_max = tl.where(score_max == float("-inf"), 0.0, score_max)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    gate_sum = tl.zeros([BLOCK_Q], tl.float32)
+    for j in tl.static_range(TOPK):
+        a = tl.load(ANCHOR + idx * TOPK + j, mask=row_ok, other=-1)
+        sc = tl.load(SCORE + idx * TOPK + j, mask=row_ok, other=float("-inf"))
+        pair = idx * (TOPK + 1) + j
+        sl = tl.load(LSE + pair, mask=row_ok, other=float("-inf"))
+        so = tl.load(PART_OUT + pair[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
+        acc, gate_sum = merge_span(acc, gate_sum, score_max, a, sc, sl, so, win_lse, win_out)
+    out = tl.where((gate_sum > 0)[:, None], acc / tl.where(gate_sum > 0, gate_sum, 1.0)[:, None], win_out)
+    tl.store(OUT + rows[:, None].to(tl.int64) * stride_ot + h.to(tl.int64) * stride_oh + d[None, :] * stride_od,
+             out.to(OUT.dtype.element_ty), mask=io_mask)
+
+
+def token_metadata(query_start: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int):
+    """Request (int64) and absolute position (int64, -1 for padding rows) of each query row; device ops."""
+    device = seq_lens.device
+    qs = query_start.to(device=device, dtype=torch.int64)
+    num_requests = qs.numel() - 1
+    tokens = torch.arange(num_tokens, device=device)
+    req = torch.searchsorted(qs[1:].contiguous(), tokens, right=True).clamp(max=max(num_requests - 1, 0))
+    pos = seq_lens.to(device=device, dtype=torch.int64)[req] - (qs[1:][req] - tokens)
+    real = (tokens < qs[-1]) & (tokens >= qs[0]) & (pos >= 0)
+    return req, torch.where(real, pos, -1)
+
+
+def tile_config(dim: int) -> tuple[int, int]:
+    """(pairs per tile, keys per block); the interpreter runs each program step in Python: bigger."""
+    if interpreting():
+        return 128, 64
+    return (64, 64) if block_dim(dim) <= 128 else (32, 32)
+
+
+def triton_superlinear_attention_paged(q1: torch.Tensor, q2: torch.Tensor, kv, query_start: torch.Tensor,
+                                       params, scale: float | None, out: torch.Tensor) -> torch.Tensor:
+    """``out[T, H_Q, D]`` = superlinear attention of the ragged batch (see ``paged.superlinear_attention_paged``)."""
+    num_tokens, heads, dim = q2.shape
+    kv_heads = kv.kv_heads
+    group = heads // kv_heads
+    topk = params.topk
+    num_requests = kv.num_requests
+    device = q2.device
+    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+    if num_tokens == 0 or num_requests == 0:
+        return out.zero_()
+    max_len = kv.capacity
+    geo64 = span_geometry(params, max_len, device)
+    geo32 = span_geometry(params, max_len, device, torch.int32)
+    req, pos = token_metadata(query_start, kv.seq_lens, num_tokens)
+    req_rows = kv.request_table_rows()
+    token_rows = req_rows[req].contiguous()
+    pos32 = pos.to(torch.int32).contiguous()
+    k, k_perm, *k_strides, k_has_perm = cache_args(kv, "key")
+    v, v_perm, *v_strides, v_has_perm = cache_args(kv, "value")
+    block_table = kv.block_table
+    bd = block_dim(dim)
+
+    # 1. search
+    anchor = torch.empty((heads, num_tokens, topk), dtype=torch.int32, device=device)
+    score = torch.empty((heads, num_tokens, topk), dtype=torch.float32, device=device)
+    gp = triton.next_power_of_2(group)
+    rows_per_program = 512 if interpreting() else (128 if bd <= 64 else 64)
+    block_q = max(16, rows_per_program // gp)
+    _paged_search_kernel[(kv_heads, triton.cdiv(num_tokens, block_q))](
+        q1, k, k_perm, block_table, token_rows, pos32, geo32.stripe_distance, geo32.stripe_count, anchor, score,
+        *q1.stride(), k_strides[0], k_strides[1], k_strides[2], k_strides[3], block_table.stride(0),
+        num_tokens, group, dim,
+        BLOCK_SIZE=kv.block_size, K_HAS_PERM=k_has_perm, TOPK=topk, KPAD=triton.next_power_of_2(topk),
+        GP=gp, BLOCK_Q=block_q, BLOCK_D=bd, num_warps=4,
+    )
+    anchor, score = _canonical_order(anchor.long()[None], score[None], max_len)  # [1, H, T, k]
+
+    # 2. key ranges: k spans, then the window, per (head, token)
+    positions = pos[None]  # [1, T]
+    span_lo, span_hi = span_bounds(anchor, positions, torch.zeros(1, dtype=torch.int64, device=device), geo64)
+    window = geo64.window
+    win_lo = (pos - window + 1).clamp(min=0).expand(heads, num_tokens)
+    win_hi = (pos if window > 0 else torch.full_like(pos, -1)).expand(heads, num_tokens)
+    range_lo = torch.cat([span_lo[0], win_lo[..., None]], dim=-1).reshape(-1)  # [(h * T + t) * (k+1) + j]
+    range_hi = torch.cat([span_hi[0], win_hi[..., None]], dim=-1).reshape(-1)
+
+    # 3. partials of every (query, range) pair, tiled per (request, KV head)
+    kp = topk + 1
+    tile_pairs, block_k = tile_config(dim)
+    pair = torch.arange(heads * num_tokens * kp, device=device)
+    pair_token = (pair // kp) % num_tokens
+    pair_head = pair // (num_tokens * kp)
+    pair_group = req[pair_token] * kv_heads + pair_head // group
+    tiles = build_span_tiles(range_lo, range_hi, pair_group, num_requests * kv_heads, max_len, block_k, tile_pairs)
+    num_pairs = pair.numel()
+    lse = torch.full((num_pairs,), float("-inf"), dtype=torch.float32, device=device)
+    part_out = torch.zeros((num_pairs, dim), dtype=torch.float32, device=device)
+    seq_lens32 = kv.seq_lens.to(device=device, dtype=torch.int32)
+    _paged_span_tile_kernel[(tiles.pair_ids.shape[0],)](
+        q2, k, v, k_perm, v_perm, block_table, req_rows, seq_lens32,
+        tiles.pair_ids, tiles.group, tiles.first_block, tiles.num_blocks,
+        range_lo.to(torch.int32), range_hi.to(torch.int32), lse, part_out,
+        *q2.stride(), *k_strides, *v_strides, block_table.stride(0),
+        num_tokens, kp, kv_heads, dim, scale,
+        BLOCK_SIZE=kv.block_size, K_HAS_PERM=k_has_perm, V_HAS_PERM=v_has_perm,
+        TILE=tile_pairs, BLOCK_K=block_k, BLOCK_D=bd, DOT_PRECISION=dot_precision(q2.dtype),
+        num_warps=4 if bd <= 64 else 8,
+    )
+
+    # 4. merge and gate into the engine's output
+    merge_rows = 256 if interpreting() else 32
+    _paged_merge_kernel[(heads, triton.cdiv(num_tokens, merge_rows))](
+        lse, part_out, anchor.to(torch.int32).contiguous(), score.contiguous(), out,
+        *out.stride(), num_tokens, dim,
+        TOPK=topk, BLOCK_Q=merge_rows, BLOCK_D=bd, num_warps=4,
+    )
+    return out
