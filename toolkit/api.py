@@ -2,33 +2,52 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from toolkit import engine as _engine
 from toolkit.discovery import InstalledEngine, find_engines
 from toolkit.engine import PatchState
 from toolkit.errors import UsageError
 
+if TYPE_CHECKING:
+    from toolkit.repair import FetchRelease, RepairResult
+
 
 def resolve_engines(
     engine: str | None = None, patches: Sequence[str] | None = None, python: str | None = None
 ) -> list[InstalledEngine]:
     """The installed engines a command is about: the one named, the ones ``patches`` belong to, or all."""
+    if engine is not None and engine not in ("vllm", "sglang"):
+        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang")
+    if patches:
+        _check_patch_ids(engine, patches)
     installed = find_engines(python)
     if engine is not None:
-        if engine not in ("vllm", "sglang"):
-            raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang")
         return [e for e in installed if e.engine == engine]
     if patches:
         engines_of = {p.engine for p in _engine.registry() if p.id in patches}
-        unknown = set(patches) - {p.id for p in _engine.registry()}
-        if unknown:
-            raise UsageError(f"unknown patch: {', '.join(sorted(unknown))}")
         return [e for e in installed if e.engine in engines_of]
     return installed
 
 
-def _ids_for(engine: InstalledEngine, patches: Sequence[str] | None) -> list[str] | None:
+def _check_patch_ids(engine: str | None, patches: Sequence[str]) -> None:
+    """Every id names a known patch, and one of ``engine``'s when an engine is named: a patch id of
+    another engine must never widen the command to all of this engine's patches."""
+    engines_of: dict[str, set[str]] = {}
+    for p in _engine.registry():
+        engines_of.setdefault(p.id, set()).add(p.engine)
+    unknown = sorted(set(patches) - set(engines_of))
+    if unknown:
+        raise UsageError(f"unknown patch: {', '.join(unknown)} (see `toolkit list`)")
+    if engine is not None:
+        foreign = sorted(pid for pid in set(patches) if engine not in engines_of[pid])
+        if foreign:
+            owners = ", ".join(f"{pid} is {'/'.join(sorted(engines_of[pid]))}'s" for pid in foreign)
+            raise UsageError(f"not a patch of {engine}: {owners} (see `toolkit list {engine}`)")
+
+
+def ids_for(engine: InstalledEngine, patches: Sequence[str] | None) -> list[str] | None:
+    """The ids of ``patches`` that belong to ``engine`` (None: no --patch given, every patch)."""
     if not patches:
         return None
     return [pid for pid in patches if any(p.id == pid and p.engine == engine.engine for p in _engine.registry())]
@@ -40,6 +59,8 @@ def apply_patch(
     python: str | None = None,
     *,
     allow_unknown_version: bool = False,
+    force: bool = False,
+    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
 ) -> bool:
     """Apply patches to the installed engine(s) of ``python`` (default: this interpreter).
 
@@ -49,7 +70,8 @@ def apply_patch(
     """
     changed = False
     for installed in resolve_engines(engine, patches, python):
-        result = _engine.apply(installed, _ids_for(installed, patches), allow_unknown_version=allow_unknown_version)
+        result = _engine.apply(installed, ids_for(installed, patches), allow_unknown_version=allow_unknown_version,
+                               force=force, lock_timeout=lock_timeout)
         changed = changed or bool(result.changed)
     return changed
 
@@ -60,11 +82,13 @@ def revert_patch(
     python: str | None = None,
     *,
     force: bool = False,
+    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
 ) -> bool:
-    """Revert patches (default: all) byte-for-byte. True when files changed."""
+    """Revert patches (default: all) byte-for-byte. True when files changed. With ``force``, files
+    changed since they were patched are overwritten too, but only those the named patches edit."""
     changed = False
     for installed in resolve_engines(engine, patches, python):
-        result = _engine.revert(installed, _ids_for(installed, patches), force=force)
+        result = _engine.revert(installed, ids_for(installed, patches), force=force, lock_timeout=lock_timeout)
         changed = changed or bool(result.changed)
     return changed
 
@@ -75,3 +99,28 @@ def patch_status(engine: str | None = None, python: str | None = None) -> list[P
     for installed in resolve_engines(engine, None, python):
         rows.extend(_engine.status(installed))
     return rows
+
+
+def repair_engines(
+    engine: str | None = None,
+    python: str | None = None,
+    *,
+    fetch: "FetchRelease | None" = None,
+    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
+) -> list["RepairResult"]:
+    """Put each installed engine back to its release's files (checked against pip's RECORD), clear its
+    patch state, and remove the state of engines no longer installed. ``fetch(dist, version)`` gives
+    the release wheel or tree (default: ``pip download``)."""
+    from toolkit.discovery import site_dirs
+    from toolkit.repair import RepairResult, orphan_states, repair
+
+    if engine is not None and engine not in ("vllm", "sglang"):
+        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang")
+    installed = find_engines(python)
+    results = [repair(e, fetch, lock_timeout) for e in installed if engine in (None, e.engine)]
+    for state in orphan_states(site_dirs(python), installed):
+        name = state.root.name
+        if engine in (None, name):
+            state.remove_all()
+            results.append(RepairResult(name, "", "", cleared_state=True, orphan=True))
+    return results

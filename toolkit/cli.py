@@ -7,27 +7,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from toolkit.version import __version__
 from toolkit import engine as _engine
-from toolkit.api import resolve_engines
+from toolkit.api import ids_for, resolve_engines
 from toolkit.discovery import InstalledEngine
-from toolkit.errors import DriftError, PatchError, UsageError
+from toolkit.errors import DriftError, PatchError, UsageError, io_error
 from toolkit.sources import load_source
 
-STATE_STYLE = {"applied": "green", "not applied": "dim", "partial": "yellow", "drifted": "red"}
+STATE_STYLE = {"applied": "green", "not applied": "dim", "partial": "yellow", "drifted": "red",
+               "in progress": "cyan", "patched, no manifest": "red"}
 
 
 class _Parser(argparse.ArgumentParser):
+    json_errors = False  # set by main() when --json is on the command line: errors go to stdout as JSON
+
     def error(self, message: str) -> None:  # one sentence and what to do next, exit 2
+        sentence = f"{message} (see `toolkit {self.prog.split()[-1]} --help`)"
+        if _Parser.json_errors:
+            print(json.dumps({"ok": False, "error": sentence, "kind": "usage"}, indent=2))
+            self.exit(2)
         self.print_usage(sys.stderr)
-        self.exit(2, f"toolkit: error: {message} (see `toolkit {self.prog.split()[-1]} --help`)\n")
+        self.exit(2, f"toolkit: error: {sentence}\n")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"seconds must be a finite number >= 0, not {text}")
+    return value
 
 
 def _add_common(parser: argparse.ArgumentParser, *, engine: bool = True, python: bool = True) -> None:
@@ -49,21 +68,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("apply-patch", help="apply patches to an installed engine")
     _add_common(p)
     p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
+    p.add_argument("--force", action="store_true",
+                   help="also overwrite files changed since they were patched (only those the patches edit)")
     p.add_argument("--dry-run", action="store_true", help="write nothing")
     p.add_argument("--diff", action="store_true", help="show unified diffs")
     p.add_argument("--allow-unknown-version", action="store_true", help="try an engine version outside a patch's specifier")
-    p.add_argument("--lock-timeout", type=float, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
 
     p = sub.add_parser("revert", help="restore the engine's original files byte-for-byte")
     _add_common(p)
     p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
-    p.add_argument("--force", action="store_true", help="also overwrite files changed since they were patched")
+    p.add_argument("--force", action="store_true",
+                   help="also overwrite files changed since they were patched (only those the reverted patches edit)")
     p.add_argument("--dry-run", action="store_true", help="write nothing")
     p.add_argument("--diff", action="store_true", help="show unified diffs")
-    p.add_argument("--lock-timeout", type=float, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
 
     p = sub.add_parser("status", help="which patches are applied, per engine")
     _add_common(p)
+
+    p = sub.add_parser("repair", help="put the engine's release files back (checked against pip's RECORD), clear the state")
+    _add_common(p)
+    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
 
     p = sub.add_parser("verify", help="launch a real server and check the token-id contract")
     p.add_argument("--model", required=True, metavar="PATH_OR_NAME")
@@ -117,23 +143,17 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _ids_for(installed: InstalledEngine, patches: Sequence[str] | None) -> list[str] | None:
-    if not patches:
-        return None
-    return [pid for pid in patches if any(p.id == pid and p.engine == installed.engine for p in _engine.registry())]
-
-
 def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
     reverting = args.command == "revert"
     rows = []
     for installed in _engines(args):
-        ids = _ids_for(installed, args.patches)
+        ids = ids_for(installed, args.patches)
         with console.status(f"{'reverting' if reverting else 'patching'} {installed.engine} {installed.version}...",
                             spinner="dots") if not args.json else _null():
             if reverting:
                 result = _engine.revert(installed, ids, force=args.force, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
             else:
-                result = _engine.apply(installed, ids, dry_run=args.dry_run,
+                result = _engine.apply(installed, ids, force=args.force, dry_run=args.dry_run,
                                        allow_unknown_version=args.allow_unknown_version, lock_timeout=args.lock_timeout)
         rows.append((installed, result))
     if args.json:
@@ -182,11 +202,42 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             table.add_column(column)
         for row in rows:
             supported = "" if row.supported else " (version not supported)"
-            style = STATE_STYLE.get(row.state, "")
+            style = STATE_STYLE.get(row.state, "default")
             table.add_row(row.engine, f"{row.distribution} {row.engine_version}", row.patch_id,
-                          f"[{style}]{row.state}[/{style}]", row.detail + supported)
+                          f"[{style}]{escape(row.state)}[/{style}]", escape(row.detail + supported))
         console.print(table)
-    return 0 if all(row.state in ("applied", "not applied") for row in rows) else 1
+    return 0 if all(row.state in ("applied", "not applied", "in progress") for row in rows) else 1
+
+
+def cmd_repair(args: argparse.Namespace, console: Console) -> int:
+    from toolkit.api import repair_engines
+
+    results = repair_engines(args.engine, args.python, lock_timeout=args.lock_timeout)
+    if args.json:
+        print(json.dumps({"ok": True, "engines": [asdict(r) for r in results]}, indent=2))
+        return 0
+    if not results:
+        where = args.python or sys.executable
+        console.print(f"nothing to repair: no {args.engine or 'vLLM or SGLang'} and no toolkit state for {where}",
+                      markup=False, highlight=False)
+    for r in results:
+        if r.orphan:
+            console.print(f"{r.engine}: not installed any more; removed its toolkit state", highlight=False)
+            continue
+        name = f"{r.distribution} {r.version}"
+        if r.restored:
+            origins = sorted(set(r.restored.values()))
+            console.print(f"{name}: restored {len(r.restored)} file(s) to the release's bytes "
+                          f"(from {' and '.join(origins)}); patch state cleared", highlight=False)
+            for relpath, origin in sorted(r.restored.items()):
+                console.print(f"  {relpath} ({origin})", markup=False, highlight=False)
+        elif r.cleared_state:
+            console.print(f"{name}: files match pip's RECORD; patch state cleared", highlight=False)
+        else:
+            console.print(f"{name}: files match pip's RECORD; nothing to repair", highlight=False)
+        for relpath in r.unverifiable:
+            console.print(f"  {relpath}: not in pip's RECORD, left as it is", markup=False, highlight=False)
+    return 0
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
@@ -200,15 +251,15 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
                          "anchors": [asdict(a) for a in c.anchors]} for c in checks],
         }, indent=2))
     else:
-        table = Table(title=f"{source.distribution} {source.version}: {source.origin}")
+        table = Table(title=escape(f"{source.distribution} {source.version}: {source.origin}"))
         for column in ("patch", "file", "anchor", "result"):
             table.add_column(column)
         for check in checks:
             for anchor in check.anchors:
-                result = "[green]found[/green]" if anchor.ok else f"[red]{anchor.problem}[/red]"
-                table.add_row(check.patch_id, anchor.relpath, f"{anchor.anchor}: {anchor.description}", result)
+                result = "[green]found[/green]" if anchor.ok else f"[red]{escape(anchor.problem)}[/red]"
+                table.add_row(check.patch_id, escape(anchor.relpath), escape(f"{anchor.anchor}: {anchor.description}"), result)
             for error in check.errors:
-                table.add_row(check.patch_id, "", "", f"[red]{error}[/red]")
+                table.add_row(check.patch_id, "", "", f"[red]{escape(error)}[/red]")
         console.print(table)
         for check in checks:
             verdict = "[green]would apply[/green]" if check.ok else "[red]would NOT apply[/red]"
@@ -274,10 +325,12 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 
 COMMANDS = {"verify": cmd_verify, "list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
-            "status": cmd_status, "check": cmd_check}
+            "status": cmd_status, "check": cmd_check, "repair": cmd_repair}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
     console = Console(stderr=False)
     errors = Console(stderr=True)
@@ -292,6 +345,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         errors.print("interrupted")
         return 130
+    except OSError as exc:  # a file-system error outside the patch engine's own handling
+        _report(args, errors, io_error(exc, "cannot access"), "error")
+        return 1
+    except Exception as exc:  # a bug: still one sentence, the traceback only on request
+        if os.environ.get("TOOLKIT_DEBUG"):
+            raise
+        _report(args, errors, PatchError(f"internal error ({type(exc).__name__}: {exc}); please report it, "
+                                         "TOOLKIT_DEBUG=1 shows the traceback"), "internal")
+        return 1
 
 
 def _report(args: argparse.Namespace, errors: Console, exc: Exception, kind: str) -> None:
@@ -301,7 +363,7 @@ def _report(args: argparse.Namespace, errors: Console, exc: Exception, kind: str
             payload["files"] = exc.files
         print(json.dumps(payload, indent=2))
     else:
-        errors.print(f"[red]toolkit: {exc}[/red]", highlight=False)
+        errors.print(f"[red]toolkit: {escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

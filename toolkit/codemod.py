@@ -15,7 +15,7 @@ from typing import Callable, ClassVar, Mapping, Sequence
 import libcst as cst
 import libcst.matchers as m
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 ENGINES = ("vllm", "sglang")
 
@@ -135,5 +135,10 @@ class Patch:
         return " or ".join(self.versions)
 
     def supports(self, version: str) -> bool:
-        parsed = Version(version)
+        """Whether ``version`` is in the list; a version that is not PEP 440 (``0.5.15.custom-build``)
+        is in no list (``--allow-unknown-version`` still tries it)."""
+        try:
+            parsed = Version(version)
+        except InvalidVersion:
+            return False
         return any(SpecifierSet(spec).contains(parsed, prereleases=True) for spec in self.versions)

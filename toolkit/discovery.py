@@ -71,15 +71,52 @@ def find_engines(python: str | None = None) -> list[InstalledEngine]:
 
     if not Path(python).exists():
         raise UsageError(f"interpreter not found: {python}")
+    if Path(python).is_dir() or not os.access(python, os.X_OK):
+        raise UsageError(f"{python} is not an executable Python interpreter (pass --python PATH/TO/bin/python)")
     # Run this file's source with -c from "/" so nothing of ours shadows the target's modules.
-    proc = subprocess.run(
-        [python, "-c", Path(__file__).read_text()],
-        capture_output=True, text=True, timeout=120, check=False, cwd="/",
-    )
+    try:
+        proc = subprocess.run(
+            [python, "-c", Path(__file__).read_text()],
+            capture_output=True, text=True, timeout=120, check=False, cwd="/", errors="replace",
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise UsageError(f"could not run {python} as a Python interpreter: {exc}") from None
     if proc.returncode != 0:
-        raise UsageError(f"could not inspect {python}: {proc.stderr.strip()[-500:]}")
-    return [InstalledEngine(**row) for row in json.loads(proc.stdout)]
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]
+        raise UsageError(f"could not inspect {python} (exit {proc.returncode}: {last})")
+    try:
+        return [InstalledEngine(**row) for row in json.loads(proc.stdout)]
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"{python} did not answer as a Python interpreter ({type(exc).__name__}: "
+                         f"{str(exc)[:200]}); pass --python PATH/TO/bin/python") from None
+
+
+def site_dirs_here() -> list[str]:
+    import site
+    import sysconfig
+
+    paths = list(getattr(site, "getsitepackages", lambda: [])())
+    paths += [sysconfig.get_paths()[key] for key in ("purelib", "platlib")]
+    return sorted(set(paths))
+
+
+def site_dirs(python: str | None = None) -> list[Path]:
+    """The site-packages directories of ``python`` (default: this interpreter) that exist."""
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+        paths: object = site_dirs_here()
+    else:
+        find_engines(python)  # the same checks and sentences for an interpreter that is not one
+        proc = subprocess.run([python, "-c", Path(__file__).read_text(), "--site-dirs"], capture_output=True,
+                              text=True, timeout=120, check=False, cwd="/", errors="replace")
+        try:
+            paths = json.loads(proc.stdout)
+        except ValueError:
+            paths = []
+    return [Path(p) for p in paths if isinstance(p, str) and Path(p).is_dir()] if isinstance(paths, list) else []
 
 
 if __name__ == "__main__":
-    print(json.dumps([asdict(engine) for engine in find_engines_here()]))
+    if sys.argv[1:] == ["--site-dirs"]:
+        print(json.dumps(site_dirs_here()))
+    else:
+        print(json.dumps([asdict(engine) for engine in find_engines_here()]))

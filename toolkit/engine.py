@@ -8,23 +8,29 @@ with a different target set, so the order of earlier applies never matters.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from toolkit.version import __version__
-from toolkit.codemod import Patch
+from toolkit import fs
+from toolkit.codemod import FileEdit, Patch
 from toolkit.discovery import InstalledEngine
-from toolkit.errors import DriftError, PatchError, UsageError
+from toolkit.errors import CorruptManifest, DriftError, PatchError, UsageError, io_error
 from toolkit.sources import SourceTree
-from toolkit.state import FileRecord, Manifest, StateDir, atomic_write, remove_stale_bytecode, sha256_bytes, sha256_file
+from toolkit.state import (FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, remove_stale_bytecode, sha256_bytes,
+                           sha256_file)
+from toolkit.version import __version__
 from toolkit.transform import FileTransform, run_transformers, transform_or_raise
 
 NOT_APPLIED = "not applied"
 APPLIED = "applied"
 PARTIAL = "partial"
 DRIFTED = "drifted"
+IN_PROGRESS = "in progress"  # another run holds the lock: its files are in flight, not broken
+NO_MANIFEST = "patched, no manifest"  # the files carry the patch's marker; the manifest is gone or unreadable
 
 DEFAULT_LOCK_TIMEOUT = 60.0
 
@@ -54,6 +60,7 @@ class FileChange:
     path: Path
     current: bytes | None
     wanted: bytes
+    mode: int = FILE_MODE  # the current file's (kept), 0644 for a file that is missing
 
     def diff(self) -> str:
         before = (self.current or b"").decode("utf-8", errors="replace").splitlines(keepends=True)
@@ -124,40 +131,94 @@ def _stale_manifest(engine: InstalledEngine, manifest: Manifest) -> bool:
     return manifest.engine_version != engine.version or manifest.distribution != engine.distribution
 
 
+MARKER = re.compile(rb"# toolkit:([A-Za-z0-9_.-]+)")
+
+
+def markers_in(data: bytes) -> set[str]:
+    """The patch ids whose marker comment (``# toolkit:<id>``) a file carries."""
+    return {match.decode() for match in MARKER.findall(data)}
+
+
+def _registry_order(engine: str, ids: Iterable[str]) -> list[str]:
+    wanted = set(ids)
+    known = [p.id for p in registry() if p.engine == engine and p.id in wanted]
+    return known + sorted(wanted - set(known))  # ids this toolkit does not know stay visible
+
+
+def _refuse_marked(engine: InstalledEngine, relpath: str, data: bytes, manifest: Manifest | None) -> None:
+    """A file read from the engine as its original must carry no patch's marker: patching it again
+    would double the edit, and backing it up would lose the real original."""
+    ours = {p.id for p in registry() if p.engine == engine.engine}
+    found = sorted(markers_in(data) & ours)
+    if found:
+        why = "there is no toolkit manifest" if manifest is None else "the manifest does not record it"
+        raise PatchError(
+            f"{relpath} already carries the marker of patch {', '.join(found)} but {why}; nothing was "
+            f"written. {RECOVER}"
+        )
+
+
+def _decode(patch: Patch, relpath: str, data: bytes, engine: InstalledEngine) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchError(f"patch {patch.id}: {relpath} is not UTF-8 text ({engine.engine} {engine.version}): {exc}") \
+            from None
+
+
 def _wanted_contents(
-    engine: InstalledEngine, state: StateDir, manifest: Manifest | None, target: list[Patch]
+    engine: InstalledEngine, state: StateDir, manifest: Manifest | None, target: list[Patch], scope: set[str]
 ) -> tuple[dict[str, bytes], dict[str, bytes], dict[str, list[str]]]:
-    """Original and wanted bytes of every file that is or will be edited, and which patches edit it."""
-    originals: dict[str, bytes] = {}
-    if manifest is not None:
-        for relpath, record in manifest.files.items():
-            originals[relpath] = state.read_backup(relpath, record.before)
-    edits_by_file: dict[str, list[tuple[Patch, object]]] = {}
+    """Original and wanted bytes of every file in ``scope``, and which patches edit it."""
+    edits_by_file: dict[str, list[tuple[Patch, FileEdit]]] = {}
     for patch in target:
         for edit in patch.files:
-            edits_by_file.setdefault(edit.relpath, []).append((patch, edit))
-    for relpath in edits_by_file:
-        if relpath not in originals:
-            path = _engine_file(engine, relpath)
-            try:
-                originals[relpath] = path.read_bytes()
-            except FileNotFoundError:
-                owner = edits_by_file[relpath][0][0]
-                raise PatchError(
-                    f"patch {owner.id}: file {relpath} not found in {engine.package_dir} "
-                    f"({engine.engine} {engine.version}); nothing was written"
-                ) from None
+            if edit.relpath in scope:
+                edits_by_file.setdefault(edit.relpath, []).append((patch, edit))
+    originals: dict[str, bytes] = {}
+    for relpath in sorted(scope):
+        record = manifest.files.get(relpath) if manifest else None
+        if record is not None:
+            originals[relpath] = state.read_backup(relpath, record.before)
+            continue
+        path = _engine_file(engine, relpath)
+        try:
+            originals[relpath] = fs.read_bytes(path)
+        except (FileNotFoundError, NotADirectoryError):
+            owner = edits_by_file[relpath][0][0].id if relpath in edits_by_file else "?"
+            raise PatchError(
+                f"patch {owner}: file {relpath} not found in {engine.package_dir} "
+                f"({engine.engine} {engine.version}); nothing was written"
+            ) from None
+        _refuse_marked(engine, relpath, originals[relpath], manifest)
     wanted: dict[str, bytes] = {}
     patch_ids: dict[str, list[str]] = {}
     for relpath, original in originals.items():
-        text = original.decode("utf-8")
         ids: list[str] = []
+        text = ""
         for patch, edit in edits_by_file.get(relpath, []):
-            text = transform_or_raise(patch, edit, text, engine.version).after  # type: ignore[arg-type]
+            if not ids:
+                text = _decode(patch, relpath, original, engine)
+            text = transform_or_raise(patch, edit, text, engine.version).after
             ids.append(patch.id)
         wanted[relpath] = text.encode("utf-8") if ids else original
         patch_ids[relpath] = ids
     return originals, wanted, patch_ids
+
+
+def _already_done(engine: InstalledEngine, manifest: Manifest | None, target_ids: list[str]) -> bool:
+    """Nothing to do, decided from hashes alone (no codemod runs, so the lock is held for milliseconds)."""
+    if manifest is None:
+        return not target_ids
+    if manifest.state != "applied" or manifest.patches != target_ids:
+        return False
+    known = [p for p in registry() if p.engine == engine.engine and p.id in set(target_ids)]
+    if len(known) != len(target_ids):
+        return False  # a patch this toolkit does not know: the full path says so in a sentence
+    edited = {edit.relpath for p in known for edit in p.files}
+    if not edited <= set(manifest.files):
+        return False
+    return all(sha256_file(_engine_file(engine, r)) == rec.after for r, rec in manifest.files.items())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,102 +231,233 @@ _after_file_write: Callable[[str], None] | None = None
 
 def reconcile(
     engine: InstalledEngine,
-    target_ids: Sequence[str],
     *,
+    add: Sequence[str] = (),
+    remove: Sequence[str] | None = (),
     force: bool = False,
     dry_run: bool = False,
     allow_unknown_version: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-    reverting: bool = False,
 ) -> Result:
-    """Make exactly ``target_ids`` applied to ``engine``; write nothing unless every file transforms."""
-    target = patches_for(engine.engine, list(target_ids)) if target_ids else []
-    _check_versions(engine, target, allow_unknown_version)
-    state = StateDir(Path(engine.package_dir).parent, engine.engine)
-    with state.lock(lock_timeout):
-        manifest = state.read_manifest()
-        if manifest is not None and _stale_manifest(engine, manifest):
-            if not (reverting and force):
-                raise DriftError(
-                    f"{engine.engine} was reinstalled ({manifest.distribution} {manifest.engine_version} "
-                    f"was patched, {engine.distribution} {engine.version} is installed now); run "
-                    "`toolkit revert --force` to forget the old patch state",
-                    sorted(manifest.files),
-                )
-            if not dry_run:
-                state.clear()  # the backups belong to another install: never restore them here
-            return Result(engine, [], [], dry_run)
+    """Apply ``add`` and revert ``remove`` (None: every applied patch) on ``engine``; the applied set
+    is read under the lock, so concurrent runs compose. Nothing is written unless every file
+    transforms, and a failed write puts back every file it had replaced."""
+    _check_versions(engine, patches_for(engine.engine, list(add)) if add else [], allow_unknown_version)
+    state = StateDir(engine.site_dir, engine.engine)
+    try:
+        if dry_run:  # a dry run writes nothing at all, not even the lock file
+            return _reconcile_locked(engine, state, add, remove, force, True)
+        with state.lock(lock_timeout):
+            return _reconcile_locked(engine, state, add, remove, force, False)
+    except OSError as exc:
+        raise io_error(exc, "cannot read") from None
 
-        if manifest is not None and target:
-            _refuse_foreign(engine, manifest.patches, manifest.toolkit_version)
-        originals, wanted, patch_ids = _wanted_contents(engine, state, manifest, target)
 
-        drifted = []
-        current_sha: dict[str, str | None] = {}
-        for relpath in wanted:
-            current_sha[relpath] = sha256_file(_engine_file(engine, relpath))
-            record = manifest.files.get(relpath) if manifest else None
-            if record is not None and _file_state(current_sha[relpath], record) in ("drifted", "missing"):
-                drifted.append(relpath)
-            elif record is None and current_sha[relpath] != sha256_bytes(originals[relpath]):
-                drifted.append(relpath)  # cannot happen for a file read just now, unless racing
-        if drifted and not force:
+def _reconcile_locked(
+    engine: InstalledEngine, state: StateDir, add: Sequence[str], remove: Sequence[str] | None,
+    force: bool, dry_run: bool,
+) -> Result:
+    reverting = remove is None or bool(remove)
+    old_raw = state.read_manifest_bytes()
+    manifest = state.parse_manifest(old_raw) if old_raw is not None else None
+    if manifest is not None and _stale_manifest(engine, manifest):
+        if not (reverting and force):
             raise DriftError(
-                f"{engine.engine} {engine.version}: changed since patched (left alone; --force to "
-                f"overwrite): {', '.join(sorted(drifted))}",
-                sorted(drifted),
+                f"{engine.engine} was reinstalled ({manifest.distribution} {manifest.engine_version} "
+                f"was patched, {engine.distribution} {engine.version} is installed now); run "
+                "`toolkit revert --force` to forget the old patch state",
+                sorted(manifest.files),
             )
+        if not dry_run:
+            state.clear()  # the backups belong to another install: never restore them here
+        return Result(engine, [], [], dry_run)
 
-        changes = [
-            FileChange(relpath, _engine_file(engine, relpath), _read_or_none(_engine_file(engine, relpath)), data)
-            for relpath, data in sorted(wanted.items())
-            if current_sha[relpath] != sha256_bytes(data)
-        ]
-        applied_ids = [p.id for p in target]
-        done = manifest is not None and manifest.state == "applied" and manifest.patches == applied_ids
-        if dry_run or (not changes and (done or (manifest is None and not applied_ids))):
-            return Result(engine, applied_ids, changes, dry_run)
+    applied_before = list(manifest.patches) if manifest else []
+    if remove is None:
+        target_ids: list[str] = []
+    else:
+        target_ids = _registry_order(engine.engine, (set(applied_before) | set(add)) - set(remove))
+    if not dry_run:
+        _sweep_temps(engine, state, manifest, target_ids)
+    if not force and _already_done(engine, manifest, target_ids):
+        if manifest is None and not dry_run:
+            with contextlib.suppress(OSError, PatchError):
+                state.clear()  # backups a run could not tidy after its commit: no manifest refers to them
+        return Result(engine, target_ids, [], dry_run)
+    if manifest is not None and target_ids:
+        _refuse_foreign(engine, target_ids, manifest.toolkit_version)
+    target = patches_for(engine.engine, target_ids) if target_ids else []
 
-        # 1. backups of every original not yet saved (a backup never changes once written)
-        for relpath, original in originals.items():
-            if manifest is None or relpath not in manifest.files:
-                state.write_backup(relpath, original)
-        # 2. the journal: what every file will be, and what it may still be while we write
-        journal = Manifest(
-            toolkit_version=__version__,
-            engine=engine.engine,
-            distribution=engine.distribution,
-            engine_version=engine.version,
-            state="reverting" if reverting else "applying",
-            # While writing, every patch that is or was applied counts as (partly) applied, so that
-            # `status` after a crash says "partial" for each, never "not applied".
-            patches=[p.id for p in registry() if p.id in set(applied_ids) | set(manifest.patches if manifest else [])],
-            files={},
+    # Which files to look at: those of the patches that change, or every one when a run was
+    # interrupted or nothing changes (a rerun that finishes or re-checks the job).
+    changing = set(target_ids) ^ set(applied_before)
+    every_file = {e.relpath for p in target for e in p.files} | set(manifest.files if manifest else ())
+    if manifest is None or manifest.state != "applied" or not changing:
+        scope = every_file
+    else:
+        scope = {e.relpath for p in registry() if p.engine == engine.engine and p.id in changing for e in p.files}
+        scope = (scope | {r for r, rec in manifest.files.items() if set(rec.patches) & changing}) & every_file
+    originals, wanted, patch_ids = _wanted_contents(engine, state, manifest, target, scope)
+
+    drifted = []
+    current_sha: dict[str, str | None] = {}
+    for relpath in wanted:
+        current_sha[relpath] = sha256_file(_engine_file(engine, relpath))
+        record = manifest.files.get(relpath) if manifest else None
+        if record is not None and _file_state(current_sha[relpath], record) in ("drifted", "missing"):
+            drifted.append(relpath)
+        elif record is None and current_sha[relpath] != sha256_bytes(originals[relpath]):
+            drifted.append(relpath)  # cannot happen for a file read just now, unless racing
+    if drifted and not force:
+        verb = "revert" if reverting else "apply-patch"
+        raise DriftError(
+            f"{engine.engine} {engine.version}: changed since patched (left alone; `toolkit {verb} --force` "
+            f"overwrites them): {', '.join(sorted(drifted))}",
+            sorted(drifted),
         )
-        for relpath, data in wanted.items():
-            old = manifest.files.get(relpath) if manifest else None
-            prior = sorted({old.after, *old.prior} - {sha256_bytes(data)}) if old else []
-            journal.files[relpath] = FileRecord(
-                before=sha256_bytes(originals[relpath]), after=sha256_bytes(data), patches=patch_ids[relpath], prior=prior
-            )
-        state.write_manifest(journal)
-        # 3. the engine files, one atomic rename each
+
+    changes = []
+    for relpath, data in sorted(wanted.items()):
+        if current_sha[relpath] != sha256_bytes(data):
+            path = _engine_file(engine, relpath)
+            current = _read_or_none(path)
+            mode = fs.file_mode(path) if current is not None else None
+            changes.append(FileChange(relpath, path, current, data, FILE_MODE if mode is None else mode))
+
+    # the manifest afterwards: files outside the scope keep their records as they are
+    final_files = {r: rec for r, rec in (manifest.files.items() if manifest else ()) if r not in scope}
+    for relpath in scope:
+        if patch_ids[relpath]:
+            final_files[relpath] = FileRecord(sha256_bytes(originals[relpath]), sha256_bytes(wanted[relpath]),
+                                              patch_ids[relpath])
+    final = None
+    if target_ids:
+        final = Manifest(__version__, engine.engine, engine.distribution, engine.version, "applied", target_ids,
+                         final_files)
+    if dry_run or (not changes and _same_manifest(manifest, final)):
+        return Result(engine, target_ids, changes, dry_run)
+
+    # While writing, every patch that is or was applied counts as (partly) applied, so that `status`
+    # after a crash says "partial" for each, never "not applied".
+    journal = Manifest(__version__, engine.engine, engine.distribution, engine.version,
+                       "reverting" if reverting else "applying",
+                       _registry_order(engine.engine, set(target_ids) | set(applied_before)), dict(final_files))
+    for relpath in scope:
+        old = manifest.files.get(relpath) if manifest else None
+        after = sha256_bytes(wanted[relpath])
+        prior = sorted(({old.after, *old.prior} if old else set()) - {after})
+        journal.files[relpath] = FileRecord(sha256_bytes(originals[relpath]), after, patch_ids[relpath], prior)
+    new_backups = {r: originals[r] for r in scope if patch_ids[r] and not (manifest and r in manifest.files)}
+    _write(state, old_raw, journal, final, changes, new_backups)
+    return Result(engine, target_ids, changes, False)
+
+
+def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
+    if manifest is None or final is None:
+        return manifest is final
+    final.updated_at = manifest.updated_at
+    return manifest.to_json() == final.to_json()
+
+
+def _sweep_temps(engine: InstalledEngine, state: StateDir, manifest: Manifest | None, target_ids: list[str]) -> None:
+    """Temp files a killed run staged but never renamed: they hold no truth, delete them."""
+    relpaths = {e.relpath for p in registry() if p.engine == engine.engine for e in p.files}
+    relpaths |= set(manifest.files if manifest else ())
+    directories = {_engine_file(engine, r).parent for r in relpaths} | {state.backup_path(r).parent for r in relpaths}
+    for directory in sorted(directories | {state.root}):
+        with contextlib.suppress(OSError):
+            fs.remove_stale_temps(directory)
+
+
+def _write(
+    state: StateDir, old_raw: bytes | None, journal: Manifest, final: Manifest | None,
+    changes: list[FileChange], new_backups: dict[str, bytes],
+) -> None:
+    """All or nothing: backups, then every new file staged and fsync'd, then the journal, then one
+    rename per file, then the final manifest (the commit). A failure before the commit puts back
+    every file already replaced and the manifest as it was."""
+    staged: dict[str, str] = {}
+    replaced: list[FileChange] = []
+    backups_written: list[str] = []
+    journal_written = False
+    step: tuple[str, Path] = ("write", state.root)  # what was being done, for the message
+    try:
+        for relpath, data in sorted(new_backups.items()):
+            step = ("back up the original in", state.backup_path(relpath))
+            state.write_backup(relpath, data)
+            backups_written.append(relpath)
         for change in changes:
-            atomic_write(change.path, change.wanted)
+            step = ("stage the new", change.path)
+            staged[change.relpath] = fs.stage(change.path, change.wanted, change.mode)
+        step = ("write the manifest", state.manifest_path)
+        state.write_manifest(journal)
+        journal_written = True
+        for change in changes:
+            step = ("replace", change.path)
+            fs.replace(staged.pop(change.relpath), change.path)
+            replaced.append(change)
+            step = ("remove the stale bytecode of", change.path)
             remove_stale_bytecode(change.path)
             if _after_file_write is not None:
                 _after_file_write(change.relpath)
-        # 4. done: forget files back to their original, or everything when nothing stays applied
-        if not applied_ids:
+        for directory in sorted({change.path.parent for change in changes}):
+            fs.sync_dir(directory)
+        step = ("write the manifest", state.manifest_path)
+        if final is None:
+            state.remove_manifest()
+        else:
+            state.write_manifest(final)
+    except BaseException as exc:
+        rollback_error = _roll_back(state, old_raw, staged, replaced, journal_written, backups_written)
+        if isinstance(exc, OSError):
+            raise _write_error(exc, step, rollback_error) from None
+        raise
+    # committed; what follows is tidying that no failure can make untrue
+    with contextlib.suppress(OSError, PatchError):
+        if final is None:
             state.clear()
         else:
-            journal.state = "applied"
-            journal.patches = applied_ids
-            journal.files = {r: rec for r, rec in journal.files.items() if rec.patches}
-            for record in journal.files.values():
-                record.prior = []
-            state.write_manifest(journal)
-        return Result(engine, applied_ids, changes, False)
+            for relpath in set(journal.files) - set(final.files):
+                state.remove_backup(relpath)
+
+
+def _roll_back(
+    state: StateDir, old_raw: bytes | None, staged: dict[str, str], replaced: list[FileChange],
+    journal_written: bool, backups_written: list[str],
+) -> BaseException | None:
+    """Undo a failed write; returns the error that stopped the undo (the journal then stays, so that
+    `status` says partial and the next run finishes the job), or None when all was put back."""
+    for tmp_name in staged.values():
+        with contextlib.suppress(OSError):
+            fs.unlink(tmp_name)
+    try:
+        for change in reversed(replaced):
+            if change.current is None:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.unlink(change.path)
+            else:
+                fs.atomic_write(change.path, change.current, change.mode)
+        if journal_written:
+            state.restore_manifest(old_raw)
+    except (OSError, PatchError) as exc:
+        return exc
+    for relpath in backups_written:
+        with contextlib.suppress(OSError):
+            state.remove_backup(relpath)
+    return None
+
+
+def _write_error(exc: OSError, step: tuple[str, Path], rollback_error: BaseException | None) -> PatchError:
+    verb, path = step
+    what = io_error(exc, f"cannot {verb}", exc.filename or path)
+    if rollback_error is None:
+        return PatchError(f"{what}; every file was put back as it was, nothing changed")
+    undo = io_error(rollback_error, "at", rollback_error.filename) if isinstance(rollback_error, OSError) \
+        else rollback_error
+    return PatchError(
+        f"{what}; putting the files back failed too ({undo}); each file is whole (original or patched) and the "
+        "manifest records the run: `toolkit apply-patch` or `toolkit revert` finishes it once the disk is writable"
+    )
 
 
 def _refuse_foreign(engine: InstalledEngine, applied: Sequence[str], by_version: str) -> None:
@@ -283,7 +475,7 @@ def _refuse_foreign(engine: InstalledEngine, applied: Sequence[str], by_version:
 
 def _read_or_none(path: Path) -> bytes | None:
     try:
-        return path.read_bytes()
+        return fs.read_bytes(path)
     except FileNotFoundError:
         return None
 
@@ -293,7 +485,7 @@ def _read_or_none(path: Path) -> bytes | None:
 
 
 def applied_ids(engine: InstalledEngine) -> list[str]:
-    manifest = StateDir(Path(engine.package_dir).parent, engine.engine).read_manifest()
+    manifest = StateDir(engine.site_dir, engine.engine).read_manifest()
     if manifest is None or _stale_manifest(engine, manifest):
         return []
     return list(manifest.patches)
@@ -303,22 +495,22 @@ def apply(
     engine: InstalledEngine,
     patch_ids: Sequence[str] | None = None,
     *,
+    force: bool = False,
     dry_run: bool = False,
     allow_unknown_version: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
-    """Apply ``patch_ids`` (default: every patch for this engine version) on top of what is applied."""
+    """Apply ``patch_ids`` (None: every patch for this engine version) on top of what is applied."""
+    if patch_ids is not None and not patch_ids:
+        raise UsageError(f"no patch of {engine.engine} named")
     candidates = patches_for(engine.engine, patch_ids)
-    if not patch_ids and not allow_unknown_version:
+    if patch_ids is None and not allow_unknown_version:
         candidates = [p for p in candidates if p.supports(engine.version)]
-    wanted = {p.id for p in candidates}
-    if not wanted:
+    if not candidates:
         raise PatchError(f"no patch supports {engine.distribution} {engine.version} "
                          f"(see `toolkit list`; --allow-unknown-version to try anyway)")
-    target = [p.id for p in registry() if p.engine == engine.engine and (p.id in wanted or p.id in applied_ids(engine))]
-    return reconcile(
-        engine, target, dry_run=dry_run, allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout
-    )
+    return reconcile(engine, add=[p.id for p in candidates], force=force, dry_run=dry_run,
+                     allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout)
 
 
 def revert(
@@ -329,29 +521,36 @@ def revert(
     dry_run: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
-    """Revert ``patch_ids`` (default: all); the others stay applied. Originals come back byte-for-byte."""
-    if patch_ids:
+    """Revert ``patch_ids`` (None: all); the others stay applied. Originals come back byte-for-byte;
+    with ``force``, only the files of the reverted patches are overwritten."""
+    if patch_ids is not None:
+        if not patch_ids:
+            raise UsageError(f"no patch of {engine.engine} named")
         patches_for(engine.engine, patch_ids)  # unknown ids are a usage error
-    remaining = [pid for pid in applied_ids(engine) if patch_ids and pid not in patch_ids]
-    if remaining:
-        manifest = StateDir(Path(engine.package_dir).parent, engine.engine).read_manifest()
-        _refuse_foreign(engine, remaining, manifest.toolkit_version if manifest else "?")
-    return reconcile(
-        engine, remaining, force=force, dry_run=dry_run, lock_timeout=lock_timeout,
-        allow_unknown_version=True, reverting=True,
-    )
+    return reconcile(engine, remove=None if patch_ids is None else list(patch_ids), force=force, dry_run=dry_run,
+                     lock_timeout=lock_timeout)
 
 
 def status(engine: InstalledEngine) -> list[PatchState]:
-    """Hash-only state of every patch for ``engine``: no parsing, no lock."""
-    state_dir = StateDir(Path(engine.package_dir).parent, engine.engine)
-    manifest = state_dir.read_manifest()
+    """Hash-only state of every patch for ``engine``: no parsing of sources, no lock taken.
+
+    Without a readable manifest, the files speak for themselves: a patch whose files carry its
+    marker is reported as ``patched, no manifest``."""
+    state_dir = StateDir(engine.site_dir, engine.engine)
+    holder = state_dir.holder()
+    problem = ""
+    try:
+        manifest = state_dir.read_manifest()
+    except CorruptManifest as exc:
+        manifest, problem = None, str(exc)
     stale = manifest is not None and _stale_manifest(engine, manifest)
     rows = []
     for patch in patches_for(engine.engine):
         files: dict[str, str] = {}
         detail = ""
-        if manifest is None or patch.id not in manifest.patches:
+        if manifest is None:
+            state, detail, files = _state_from_markers(engine, patch, problem)
+        elif patch.id not in manifest.patches:
             state = NOT_APPLIED
         elif stale:
             state = DRIFTED
@@ -362,19 +561,63 @@ def status(engine: InstalledEngine) -> list[PatchState]:
                 current = sha256_file(_engine_file(engine, edit.relpath))
                 files[edit.relpath] = _file_state(current, record) if record else "unrecorded"
             values = set(files.values())
-            if values & {"drifted", "missing", "unrecorded"}:
+            if manifest.state == "applied" and values == {"patched"}:
+                state = APPLIED
+            elif manifest.state == "applied" and values == {"original"}:
                 state = DRIFTED
-                detail = "changed since patched: " + ", ".join(r for r, s in files.items() if s not in ("patched", "original", "midway"))
-            elif manifest.state != "applied" or values != {"patched"}:
+                detail = ("its files are the release's originals again (engine reinstalled?); `toolkit apply-patch` "
+                          "patches them again, `toolkit revert` forgets the state")
+            elif manifest.state == "applied" or values & {"drifted", "missing", "unrecorded"}:
+                state = DRIFTED
+                detail = "changed since patched: " + ", ".join(r for r, s in files.items() if s != "patched")
+            else:
                 state = PARTIAL
                 detail = f"an {manifest.state.replace('ing', '')} was interrupted; run apply-patch or revert to finish"
-            else:
-                state = APPLIED
+        if manifest is not None and not stale and state in (APPLIED, PARTIAL):
+            lost = _unusable_backups(state_dir, manifest, [e.relpath for e in patch.files])
+            if lost:
+                state = DRIFTED
+                detail = f"the backup of {', '.join(lost)} is missing or altered, so revert cannot restore it; {RECOVER}"
+        if holder is not None and state not in (APPLIED, NOT_APPLIED):
+            state, detail = IN_PROGRESS, f"in progress (pid {holder})"
         rows.append(
             PatchState(engine.engine, engine.distribution, engine.version, patch.id, state,
                        patch.supports(engine.version), files, detail)
         )
     return rows
+
+
+def _unusable_backups(state_dir: StateDir, manifest: Manifest, relpaths: list[str]) -> list[str]:
+    lost = []
+    for relpath in relpaths:
+        record = manifest.files.get(relpath)
+        if record is None:
+            continue
+        try:
+            data = state_dir.read_backup_or_none(relpath)
+        except (OSError, PatchError):
+            data = None
+        if data is None or sha256_bytes(data) != record.before:
+            lost.append(relpath)
+    return lost
+
+
+def _state_from_markers(engine: InstalledEngine, patch: Patch, problem: str) -> tuple[str, str, dict[str, str]]:
+    files = {}
+    for edit in patch.files:
+        try:
+            data = fs.read_bytes(_engine_file(engine, edit.relpath))
+        except OSError:
+            files[edit.relpath] = "missing"
+            continue
+        files[edit.relpath] = "patched" if patch.id in markers_in(data) else "original"
+    marked = [r for r, s in files.items() if s == "patched"]
+    if not marked:
+        return NOT_APPLIED, problem, files
+    why = problem or "the toolkit manifest is missing"
+    if len(marked) == len(files):
+        return NO_MANIFEST, f"its files carry its marker but {why}; {RECOVER}", files
+    return PARTIAL, f"some of its files carry its marker but {why}; {RECOVER}", files
 
 
 @dataclass
@@ -421,7 +664,12 @@ def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> 
                 errors.append(f"{edit.relpath}: file not found")
                 continue
             try:
-                outcome: FileTransform = run_transformers(patch, edit, data.decode("utf-8"), source.version)
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                errors.append(f"{edit.relpath}: not UTF-8 text ({exc})")
+                continue
+            try:
+                outcome: FileTransform = run_transformers(patch, edit, text, source.version)
             except PatchError as exc:
                 errors.append(str(exc))
                 continue

@@ -36,3 +36,21 @@ class LockTimeout(PatchError):
 
 class UsageError(PatchError):
     """A user mistake (unknown engine or patch id, nothing installed): exit code 2 on the CLI."""
+
+
+class CorruptManifest(PatchError):
+    """The manifest cannot be parsed or has the wrong shape; ``toolkit repair`` recovers."""
+
+
+def io_error(exc: OSError, doing: str, path: object = None) -> PatchError:
+    """One sentence for a failed file-system call: what was being done, the file, the error."""
+    where = path if path is not None else (exc.filename or "?")
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    code = f" ({errno_name(exc.errno)})" if exc.errno else ""
+    return PatchError(f"{doing} {where}: {reason}{code}")
+
+
+def errno_name(number: int | None) -> str:
+    import errno
+
+    return errno.errorcode.get(number or 0, str(number))

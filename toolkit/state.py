@@ -8,7 +8,9 @@ Layout, beside the engine's package in its site-packages::
 
 Every write is atomic (temp file in the same directory, fsync, rename), so a crash at any point
 leaves each file either as it was or as it should be; the manifest's ``state`` says which phase
-was running, and the next apply or revert finishes the job.
+was running, and the next apply or revert finishes the job. Directories are 0755 and files 0644
+whatever the umask, and nothing under ``.toolkit-state`` may be a symbolic link (it could lead the
+backups out of site-packages).
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from toolkit.errors import LockTimeout, PatchError
+from toolkit import fs
+from toolkit.errors import CorruptManifest, LockTimeout, PatchError, io_error
 
 MANIFEST_FORMAT = 1
 STATE_DIRNAME = ".toolkit-state"
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+MANIFEST_STATES = ("applying", "applied", "reverting")
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -37,49 +43,29 @@ def sha256_bytes(data: bytes) -> str:
 
 def sha256_file(path: Path) -> str | None:
     try:
-        return sha256_bytes(path.read_bytes())
-    except FileNotFoundError:
+        return sha256_bytes(fs.read_bytes(path))
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace ``path`` with ``data`` in one rename; keep ``mode`` (default: the current file's)."""
+    """Replace ``path`` with ``data`` in one rename; keep ``mode`` (default: the current file's, or 0644)."""
     if mode is None:
-        with contextlib.suppress(FileNotFoundError):
-            mode = path.stat().st_mode & 0o7777
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".toolkit-tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if mode is not None:
-            os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp_name)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        mode = fs.file_mode(path)
+    fs.atomic_write(path, data, FILE_MODE if mode is None else mode)
 
 
 def remove_stale_bytecode(source: Path) -> None:
     """Delete ``__pycache__/<stem>.*.pyc`` so no process runs the old code from cache."""
     cache_dir = source.parent / "__pycache__"
-    if cache_dir.is_dir():
-        for pyc in cache_dir.glob(f"{source.stem}.*.pyc"):
+    try:
+        names = fs.listdir(cache_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        if name.startswith(f"{source.stem}.") and name.endswith(".pyc") and name.count(".") == 2:
             with contextlib.suppress(FileNotFoundError):
-                pyc.unlink()
+                fs.unlink(cache_dir / name)
 
 
 @dataclass
@@ -127,96 +113,251 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
+        """Parse and check every field's type; anything else is a ``ValueError`` saying what is wrong."""
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"expected an object, found {type(data).__name__}")
         if data.get("format") != MANIFEST_FORMAT:
-            raise PatchError(f"unsupported manifest format {data.get('format')!r}")
-        return cls(
-            toolkit_version=data["toolkit_version"],
-            engine=data["engine"],
-            distribution=data["distribution"],
-            engine_version=data["engine_version"],
-            state=data["state"],
-            patches=list(data["patches"]),
-            files={
-                relpath: FileRecord(rec["before"], rec["after"], list(rec["patches"]), list(rec.get("prior", [])))
-                for relpath, rec in data["files"].items()
-            },
-            updated_at=data.get("updated_at", 0.0),
-        )
+            raise ValueError(f"unsupported manifest format {data.get('format')!r}")
+        for key in ("toolkit_version", "engine", "distribution", "engine_version", "state"):
+            _expect(data, key, str)
+        if data["state"] not in MANIFEST_STATES:
+            raise ValueError(f"unknown state {data['state']!r}")
+        patches = _string_list(data.get("patches"), "patches")
+        files = _expect(data, "files", dict)
+        records = {}
+        for relpath, rec in files.items():
+            if not isinstance(rec, dict) or not _safe_relpath(relpath):
+                raise ValueError(f"bad file entry {relpath!r}")
+            records[relpath] = FileRecord(
+                _expect(rec, "before", str), _expect(rec, "after", str),
+                _string_list(rec.get("patches"), f"{relpath}: patches"),
+                _string_list(rec.get("prior", []), f"{relpath}: prior"),
+            )
+        updated_at = data.get("updated_at", 0.0)
+        return cls(data["toolkit_version"], data["engine"], data["distribution"], data["engine_version"],
+                   data["state"], patches, records,
+                   float(updated_at) if isinstance(updated_at, (int, float)) else 0.0)
+
+
+def _expect(data: dict[str, Any], key: str, kind: type) -> Any:
+    value = data.get(key)
+    if not isinstance(value, kind):
+        raise ValueError(f"{key!r} should be a {kind.__name__}, found {type(value).__name__}")
+    return value
+
+
+def _string_list(value: Any, what: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError(f"{what!r} should be a list of strings")
+    return list(value)
+
+
+def _safe_relpath(relpath: str) -> bool:
+    """A manifest names files inside the engine package only (a crafted '../x' must not escape it)."""
+    parts = Path(relpath).parts
+    return bool(parts) and not Path(relpath).is_absolute() and ".." not in parts
 
 
 class StateDir:
     """The state directory of one engine install."""
 
     def __init__(self, site_dir: Path, engine: str) -> None:
-        self.root = site_dir / STATE_DIRNAME / engine
+        self.site_dir = Path(site_dir)
+        self.root = self.site_dir / STATE_DIRNAME / engine
         self.manifest_path = self.root / "manifest.json"
         self.backup_root = self.root / "backups"
         self.lock_path = self.root / "lock"
 
-    def read_manifest(self) -> Manifest | None:
+    # ---- guarding the paths
+
+    def refuse_links(self, path: Path) -> None:
+        """Refuse a symbolic link anywhere from ``.toolkit-state`` down to ``path``."""
+        current = self.site_dir
+        for part in path.relative_to(self.site_dir).parts:
+            current = current / part
+            try:
+                info = fs.lstat(current)
+            except FileNotFoundError:
+                return
+            if stat.S_ISLNK(info.st_mode):
+                raise PatchError(
+                    f"{current} is a symbolic link; toolkit keeps its state only inside {self.site_dir} and "
+                    "does not follow links out of it (remove the link and run the command again)"
+                )
+
+    def make_dirs(self, directory: Path) -> None:
+        """Create ``directory`` and its missing parents under site-packages, each 0755."""
+        self.refuse_links(directory)
+        missing = []
+        current = directory
+        while current != self.site_dir and not fs.is_dir(current):
+            missing.append(current)
+            current = current.parent
+        for path in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                fs.mkdir(path, DIR_MODE)
+
+    def exists(self) -> bool:
+        return fs.is_dir(self.root)
+
+    # ---- manifest
+
+    def read_manifest_bytes(self) -> bytes | None:
+        self.refuse_links(self.manifest_path)
         try:
-            text = self.manifest_path.read_text()
+            return fs.read_bytes(self.manifest_path)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            raise io_error(exc, "cannot read the toolkit manifest") from None
+
+    def read_manifest(self) -> Manifest | None:
+        raw = self.read_manifest_bytes()
+        return None if raw is None else self.parse_manifest(raw)
+
+    def parse_manifest(self, raw: bytes) -> Manifest:
         try:
-            return Manifest.from_json(text)
-        except (ValueError, KeyError) as exc:
-            raise PatchError(f"corrupt manifest {self.manifest_path}: {exc}") from exc
+            return Manifest.from_json(raw.decode("utf-8"))
+        except (ValueError, TypeError, RecursionError) as exc:
+            raise CorruptManifest(
+                f"the toolkit manifest {self.manifest_path} is unreadable ({_one_line(exc)}); "
+                "`toolkit repair` puts the engine's release files back and clears the state"
+            ) from None
 
     def write_manifest(self, manifest: Manifest) -> None:
         manifest.updated_at = time.time()
-        atomic_write(self.manifest_path, manifest.to_json().encode(), mode=0o644)
+        self.write_manifest_bytes(manifest.to_json().encode())
+
+    def write_manifest_bytes(self, raw: bytes) -> None:
+        self.make_dirs(self.root)
+        self.refuse_links(self.manifest_path)
+        fs.atomic_write(self.manifest_path, raw, FILE_MODE)
+
+    def restore_manifest(self, raw: bytes | None) -> None:
+        """Put back the manifest read before a run (``None``: there was none)."""
+        if raw is None:
+            self.remove_manifest()
+        else:
+            self.write_manifest_bytes(raw)
+
+    def remove_manifest(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            fs.unlink(self.manifest_path)
+
+    # ---- backups
 
     def backup_path(self, relpath: str) -> Path:
         return self.backup_root / relpath
 
     def read_backup(self, relpath: str, expected_sha: str) -> bytes:
         path = self.backup_path(relpath)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as exc:
-            raise PatchError(f"backup of {relpath} is missing ({path})") from exc
+        data = self.read_backup_or_none(relpath)
+        if data is None:
+            raise PatchError(f"the backup of {relpath} is missing ({path}); {RECOVER}")
         if sha256_bytes(data) != expected_sha:
-            raise PatchError(f"backup of {relpath} does not match the manifest ({path})")
+            raise PatchError(f"the backup of {relpath} does not match the manifest ({path}); {RECOVER}")
         return data
 
+    def read_backup_or_none(self, relpath: str) -> bytes | None:
+        path = self.backup_path(relpath)
+        self.refuse_links(path)
+        try:
+            return fs.read_bytes(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
     def write_backup(self, relpath: str, data: bytes) -> None:
-        atomic_write(self.backup_path(relpath), data, mode=0o644)
+        path = self.backup_path(relpath)
+        self.make_dirs(path.parent)
+        self.refuse_links(path)
+        fs.atomic_write(path, data, FILE_MODE)
+
+    def remove_backup(self, relpath: str) -> None:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            fs.unlink(self.backup_path(relpath))
 
     def clear(self) -> None:
-        """Remove manifest and backups once nothing is applied."""
-        import shutil
+        """Remove manifest and backups once nothing is applied (the manifest first: it is the truth)."""
+        self.refuse_links(self.backup_root)
+        self.remove_manifest()
+        fs.remove_tree(self.backup_root)
 
-        with contextlib.suppress(FileNotFoundError):
-            self.manifest_path.unlink()
-        shutil.rmtree(self.backup_root, ignore_errors=True)
+    def remove_all(self) -> None:
+        """Remove the whole state directory (an engine that is gone leaves nothing to lock against)."""
+        self.refuse_links(self.root)
+        fs.remove_tree(self.root)
+        with contextlib.suppress(OSError):
+            fs.rmdir(self.root.parent)  # only when no other engine's state is left in it
+
+    # ---- lock
 
     @contextlib.contextmanager
     def lock(self, timeout: float) -> Iterator[None]:
-        """Hold an exclusive lock; wait up to ``timeout`` seconds for another run to finish."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        """Hold an exclusive lock; wait up to ``timeout`` seconds for another run to finish.
+        Only the holder writes its pid into the lock file; a waiter never touches it."""
+        try:
+            self.make_dirs(self.root)
+            self.refuse_links(self.lock_path)
+            fd = fs.open_fd(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, FILE_MODE)
+        except OSError as exc:
+            raise io_error(exc, "cannot create the toolkit lock") from None
+        acquired = False
         try:
             deadline = time.monotonic() + timeout
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fs.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except OSError as exc:
-                    if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
+                    if exc.errno != errno.EWOULDBLOCK:  # flock says "held" with EWOULDBLOCK only
+                        raise io_error(exc, "cannot lock", self.lock_path) from None
                     if time.monotonic() >= deadline:
-                        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
                         raise LockTimeout(
-                            f"another toolkit run (pid {holder}) holds {self.lock_path}; "
+                            f"another toolkit run (pid {self._holder_pid(fd)}) holds {self.lock_path}; "
                             f"waited {timeout:g}s. Try again when it has finished."
                         ) from None
-                    time.sleep(0.1)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+                    time.sleep(0.05)
+            acquired = True
+            with contextlib.suppress(OSError):
+                fs.fchmod(fd, FILE_MODE)  # the umask may have masked the mode it was created with
+                fs.overwrite(fd, str(os.getpid()).encode())
             yield
         finally:
+            if acquired:
+                with contextlib.suppress(OSError):
+                    fs.overwrite(fd, b"")
             with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing the descriptor releases the flock
+                fs.close(fd)  # closing the descriptor releases the flock
+
+    def holder(self) -> str | None:
+        """The pid of the run holding the lock now, or None; takes no lock and creates nothing."""
+        try:
+            self.refuse_links(self.lock_path)
+            fd = fs.open_fd(self.lock_path, os.O_RDONLY | os.O_NOFOLLOW)
+        except (OSError, PatchError):
+            return None
+        try:
+            try:
+                fs.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                return self._holder_pid(fd) if exc.errno == errno.EWOULDBLOCK else None
+            with contextlib.suppress(OSError):
+                fs.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            with contextlib.suppress(OSError):
+                fs.close(fd)
+
+    @staticmethod
+    def _holder_pid(fd: int) -> str:
+        with contextlib.suppress(OSError):
+            return fs.pread(fd, 64).decode(errors="replace").strip() or "unknown"
+        return "unknown"
+
+
+RECOVER = "`toolkit repair` puts the engine's release files back (checked against pip's RECORD) and clears the state"
+
+
+def _one_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import libcst as cst
+from packaging.version import InvalidVersion
 
 from toolkit.codemod import AnchorResult, FileEdit, Patch, PatchContext
 from toolkit.errors import AnchorError, PatchError
@@ -32,10 +34,24 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
         raise PatchError(
             f"patch {patch.id}: cannot parse {edit.relpath} ({patch.engine} {engine_version}): {exc}"
         ) from exc
+    if re.search(rf"# toolkit:{re.escape(patch.id)}(?![A-Za-z0-9_.-])", source):
+        # A codemod knows its own marker: a file that carries it is patched already, whatever a
+        # manifest says, and patching it again would double every edit.
+        raise PatchError(
+            f"patch {patch.id}: {edit.relpath} already carries its marker `# toolkit:{patch.id}` "
+            f"({patch.engine} {engine_version}); it is patched already, not patching it twice"
+        )
     anchors: list[tuple[str, AnchorResult]] = []
     for make_transformer in edit.transformers:
-        transformer = make_transformer(context)
-        module = module.visit(transformer)
+        try:
+            transformer = make_transformer(context)
+            module = module.visit(transformer)
+        except InvalidVersion:
+            raise PatchError(
+                f"patch {patch.id}: {patch.engine} version {engine_version!r} is not a PEP 440 version, and "
+                f"{getattr(make_transformer, '__name__', 'a transformer')} picks its code path by version; "
+                "nothing was written"
+            ) from None
         anchors.extend((type(transformer).__name__, result) for result in transformer.anchor_report())
     return FileTransform(patch.id, edit.relpath, source, module.code, anchors)
 

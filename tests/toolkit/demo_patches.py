@@ -46,6 +46,20 @@ def make_engine_tree(root: Path, version: str = "0.5.9", engine: str = "sglang")
     return root
 
 
+def write_record(site: Path, package: str = "sglang") -> None:
+    """pip's RECORD for the tree's package as it is now (what `toolkit repair` checks against)."""
+    import base64
+    import hashlib
+
+    (dist_info,) = site.glob(f"{package}-*.dist-info")
+    rows = []
+    for path in sorted((site / package).rglob("*")):
+        if path.is_file():
+            digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=").decode()
+            rows.append(f"{path.relative_to(site)},sha256={digest},{path.stat().st_size}")
+    (dist_info / "RECORD").write_text("\n".join(rows) + "\n")
+
+
 class AddFieldToResponse(AnchoredTransformer):
     ANCHORS = {"class Response": "the response model"}
 

@@ -226,49 +226,75 @@ def test_concurrent_run_waits_then_fails_cleanly(installed, tree):
     assert state.lock_path.exists()
 
 
-def test_failure_between_file_writes_leaves_each_file_whole_and_apply_finishes(installed, tree, monkeypatch):
+def test_failure_between_file_writes_puts_every_file_back_and_raises_patch_error(installed, tree, monkeypatch):
+    """A write that fails after the first file was replaced: the replaced file is put back, the
+    manifest is as it was, and the error is a PatchError naming the file (was: partial, OSError)."""
     original = digests(tree)
 
     def fail_after_first(relpath):
-        raise OSError("disk full (injected)")
+        raise OSError(28, "No space left on device (injected)", str(tree / "sglang" / relpath))
 
     monkeypatch.setattr(engine, "_after_file_write", fail_after_first)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(PatchError, match=r"srt/protocol.py: No space left.*ENOSPC.*put back"):
         engine.apply(installed, ["demo"])
     monkeypatch.setattr(engine, "_after_file_write", None)
-    assert "token_ids" in (tree / "sglang/srt/protocol.py").read_text()  # written
-    assert (tree / "sglang/srt/serving.py").read_text() == demo_patches.SERVING  # untouched
-    assert states(installed)["demo"] == "partial"
-    # a second apply finishes the job
-    result = engine.apply(installed, ["demo"])
-    assert result.changed_files == ["srt/serving.py"]
+    assert digests(tree) == original
+    assert states(installed)["demo"] == "not applied"
+    assert not (tree / ".toolkit-state/sglang/manifest.json").exists()
+    assert engine.apply(installed, ["demo"]).changed_files == ["srt/protocol.py", "srt/serving.py"]
     assert states(installed)["demo"] == "applied"
     engine.revert(installed)
     assert digests(tree) == original
 
 
-def test_failure_between_file_writes_then_revert_restores(installed, tree, monkeypatch):
+def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_finishes(installed, tree, monkeypatch):
+    """When the undo fails too (the disk stays full), every file is still whole, status says partial,
+    and the next apply, or revert, finishes the job."""
+    from toolkit import fs
+
     original = digests(tree)
-    monkeypatch.setattr(engine, "_after_file_write", lambda relpath: (_ for _ in ()).throw(OSError("injected")))
-    with pytest.raises(OSError):
-        engine.apply(installed, ["demo"])
-    monkeypatch.setattr(engine, "_after_file_write", None)
-    assert states(installed)["demo"] == "partial"
+    real_stage = fs.stage
+    full = {"on": False}
+
+    def fail_after_first(relpath):
+        full["on"] = True
+        raise OSError(28, "No space left on device (injected)")
+
+    def stage(path, data, mode):
+        if full["on"]:
+            raise OSError(28, "No space left on device (injected)", str(path))
+        return real_stage(path, data, mode)
+
+    for finish in (lambda: engine.apply(installed, ["demo"]), lambda: engine.revert(installed)):
+        engine.revert(installed)  # start from the originals each time
+        full["on"] = False
+        monkeypatch.setattr(engine, "_after_file_write", fail_after_first)
+        monkeypatch.setattr(fs, "stage", stage)
+        with pytest.raises(PatchError, match="putting the files back failed too"):
+            engine.apply(installed, ["demo"])
+        monkeypatch.setattr(engine, "_after_file_write", None)
+        monkeypatch.setattr(fs, "stage", real_stage)
+        assert states(installed)["demo"] == "partial"
+        for relpath, text in (("srt/protocol.py", demo_patches.PROTOCOL), ("srt/serving.py", demo_patches.SERVING)):
+            current = (tree / "sglang" / relpath).read_text()
+            assert current == text or "# toolkit:demo" in current
+        finish()
+        assert states(installed)["demo"] in ("applied", "not applied")
     engine.revert(installed)
     assert digests(tree) == original
-    assert states(installed)["demo"] == "not applied"
 
 
-def test_failure_during_revert_then_revert_again_finishes(installed, tree, monkeypatch):
-    original = digests(tree)
+def test_failure_during_revert_puts_the_patched_files_back(installed, tree, monkeypatch):
     engine.apply(installed, ["demo"])
+    patched = digests(tree)
     monkeypatch.setattr(engine, "_after_file_write", lambda relpath: (_ for _ in ()).throw(OSError("injected")))
-    with pytest.raises(OSError):
+    with pytest.raises(PatchError, match="injected"):
         engine.revert(installed)
     monkeypatch.setattr(engine, "_after_file_write", None)
-    assert states(installed)["demo"] == "partial"  # never "not applied" while files are half-way
+    assert digests(tree) == patched
+    assert states(installed)["demo"] == "applied"
     engine.revert(installed)
-    assert digests(tree) == original
+    assert states(installed)["demo"] == "not applied"
 
 
 def test_engine_reinstalled_since_patching_is_reported_and_forgotten_with_force(installed, tree):
@@ -277,6 +303,7 @@ def test_engine_reinstalled_since_patching_is_reported_and_forgotten_with_force(
     (tree / "sglang-0.5.9.dist-info").rename(tree / "sglang-0.5.23.dist-info")
     (tree / "sglang-0.5.23.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
     (tree / "sglang/srt/serving.py").write_text(demo_patches.SERVING + "# new release\n")
+    (tree / "sglang/srt/protocol.py").write_text(demo_patches.PROTOCOL)  # a reinstall replaces every file
     reinstalled = load_source(tree).as_installed()
     assert states(reinstalled)["demo"] == "drifted"
     with pytest.raises(DriftError, match="reinstalled"):
@@ -321,8 +348,9 @@ def test_sigkill_in_the_middle_of_an_apply(installed, tree):
         current = (tree / "sglang" / relpath).read_text()
         assert current == text or "# toolkit:demo" in current  # whole, either way
     assert states(installed)["demo"] == "partial"
-    assert not list((tree / "sglang/srt").glob(".*toolkit-tmp"))
     engine.apply(installed, ["demo"])
     assert states(installed)["demo"] == "applied"
+    # every new file was staged before the first rename; the next run deletes what the killed one staged
+    assert not list((tree / "sglang/srt").glob(".*toolkit-tmp"))
     engine.revert(installed)
     assert digests(tree) == original

@@ -1,0 +1,351 @@
+"""Fault injection: every file-system call the patch engine makes (all go through ``toolkit.fs``) fails
+in turn, with each errno, once or for good (a full or read-only disk stays so), or the process is
+SIGKILLed at that call. After each fault: every file is original or fully patched, ``status`` tells the
+truth (a patch reported applied has its marker in all its files, one reported not applied in none),
+a failed call left everything as it was, and the next run of the same command, then a revert,
+finish the job with no temp file left behind. Each test prints how many faults it injected.
+
+The demo tree gets every call k of every scenario; copies of a real SGLang and a real vLLM tree get
+every k too, for fewer errnos. The codemods are memoized: what is under test is the I/O, not libcst.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import shutil
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from toolkit import engine, fs
+from toolkit.errors import PatchError
+from toolkit.sources import load_source
+from toolkit.state import StateDir
+
+from tests.toolkit import demo_patches
+
+ERRNOS = (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EIO, errno.EROFS)
+# The primitives of toolkit.fs; its compositions (stage, atomic_write, ...) call these.
+PRIMITIVES = ("read_bytes", "lstat", "listdir", "mkdir", "chmod", "unlink", "rmdir", "replace", "mkstemp",
+              "write_all", "fsync", "close", "fsync_dir", "open_fd", "flock", "pread", "overwrite", "fchmod")
+
+
+class Injector:
+    """Counts calls to toolkit.fs; fails call ``fail_at`` (and every later one when sticky), or
+    SIGKILLs the process at call ``kill_at``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.fail_at: int | None = None
+        self.kill_at: int | None = None
+        self.errno = errno.EIO
+        self.sticky = False
+        self.injected = 0
+
+    @contextlib.contextmanager
+    def active(self, fail_at: int | None = None, kill_at: int | None = None, err: int = errno.EIO,
+               sticky: bool = False):
+        self.calls, self.fail_at, self.kill_at, self.errno, self.sticky = 0, fail_at, kill_at, err, sticky
+        saved = {name: getattr(fs, name) for name in PRIMITIVES}
+        for name, real in saved.items():
+            setattr(fs, name, self._wrap(name, real))
+        try:
+            yield self
+        finally:
+            for name, real in saved.items():
+                setattr(fs, name, real)
+
+    def _wrap(self, name: str, real: Callable) -> Callable:
+        def call(*args, **kwargs):
+            self.calls += 1
+            if self.kill_at == self.calls:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.fail_at is not None and (self.calls == self.fail_at or (self.sticky and self.calls > self.fail_at)):
+                self.injected += 1
+                if name == "close":
+                    real(*args, **kwargs)  # Linux frees the descriptor even when close reports an error
+                path = next((str(a) for a in args if isinstance(a, (str, Path))), None)
+                raise OSError(self.errno, os.strerror(self.errno), path)
+            if name in ("fsync", "fsync_dir"):
+                return None  # durability across power loss is not what a process-level fault tests; fsync is slow
+            return real(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture(autouse=True)
+def memoized_codemods(monkeypatch):
+    cache: dict = {}
+    real = engine.transform_or_raise
+
+    def transform(patch, edit, source, version):
+        key = (patch.id, edit.relpath, source, version)
+        if key not in cache:
+            cache[key] = real(patch, edit, source, version)
+        return cache[key]
+
+    monkeypatch.setattr(engine, "transform_or_raise", transform)
+
+
+@pytest.fixture
+def fault_dir(tmp_path):
+    """Thousands of tiny trees are copied and deleted: on tmpfs when there is one, so that a busy disk
+    (a CI run beside this one) does not turn metadata waits into minutes."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield tmp_path
+        return
+    root = Path(tempfile.mkdtemp(prefix="toolkit-faults-", dir=shm))
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class Scenario:
+    name: str
+    setup: Callable  # brings a fresh tree to the start state, without faults
+    op: Callable  # the command under test
+
+
+def _digests(installed, relpaths) -> dict[str, str | None]:
+    out = {}
+    for relpath in relpaths:
+        path = Path(installed.package_dir) / relpath
+        out[relpath] = hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+    return out
+
+
+def _states(installed) -> dict[str, str]:
+    return {row.patch_id: row.state for row in engine.status(installed)}
+
+
+def _assert_status_true(installed, patches) -> None:
+    for row in engine.status(installed):
+        assert row.state in ("applied", "not applied", "partial"), (row.patch_id, row.state, row.detail)
+        patch = next((p for p in patches if p.id == row.patch_id), None)
+        if patch is None:  # a patch that does not declare this version: never touched
+            assert row.state == "not applied", row
+            continue
+        marked = [f"# toolkit:{patch.id}" in (Path(installed.package_dir) / e.relpath).read_text() for e in patch.files]
+        if row.state == "applied":
+            assert all(marked), (row.patch_id, "applied but a file lacks its marker")
+        if row.state == "not applied":
+            assert not any(marked), (row.patch_id, "not applied but a file carries its marker")
+
+
+def _temps(site: Path) -> list[Path]:
+    return [p for p in site.rglob("*") if p.name.endswith(fs.TEMP_SUFFIX)]
+
+
+class Harness:
+    """One scenario on one tree: a template in the start state, the states before and after."""
+
+    def __init__(self, root: Path, make_site: Callable[[Path], Path], scenario: Scenario, patches) -> None:
+        self.root, self.scenario, self.patches = root, scenario, patches
+        self.relpaths = sorted({e.relpath for p in patches for e in p.files})
+        self.pristine_site = make_site(root / "pristine")
+        self.template = root / "template"
+        shutil.copytree(self.pristine_site, self.template, symlinks=True)
+        scenario.setup(self._installed(self.template))
+        self.pristine = _digests(self._installed(self.pristine_site), self.relpaths)
+        self.before = _digests(self._installed(self.template), self.relpaths)
+        self.states_before = _states(self._installed(self.template))
+        done = self.fresh("clean-run")
+        scenario.op(done)
+        self.after = _digests(done, self.relpaths)
+        self.states_after = _states(done)
+        assert self.after != self.before, "the scenario must change files"
+        self.count = 0
+
+    @staticmethod
+    def _installed(site: Path):
+        return load_source(site).as_installed()
+
+    def fresh(self, name: str):
+        site = self.root / name
+        shutil.rmtree(site, ignore_errors=True)
+        shutil.copytree(self.template, site, symlinks=True)
+        return self._installed(site)
+
+    def count_calls(self, injector: Injector) -> int:
+        installed = self.fresh("count")
+        with injector.active():
+            self.scenario.op(installed)
+        return injector.calls
+
+    def check_after_fault(self, installed, raised: bool, all_or_nothing: bool) -> None:
+        now = _digests(installed, self.relpaths)
+        for relpath in self.relpaths:  # whole: original or fully patched, nothing in between
+            assert now[relpath] in (self.before[relpath], self.after[relpath]), relpath
+        _assert_status_true(installed, self.patches)
+        states = _states(installed)
+        if not raised:
+            assert now == self.after and states == self.states_after
+        elif all_or_nothing:
+            assert now == self.before and states == self.states_before
+        else:
+            for pid, state in states.items():
+                assert state in (self.states_before[pid], self.states_after[pid], "partial"), (pid, state)
+
+    def finish(self, installed) -> None:
+        self.scenario.op(installed)
+        assert _digests(installed, self.relpaths) == self.after
+        assert _states(installed) == self.states_after
+        engine.revert(installed)
+        assert _digests(installed, self.relpaths) == self.pristine
+        assert set(_states(installed).values()) == {"not applied"}
+        state = StateDir(installed.site_dir, installed.engine)
+        assert not state.manifest_path.exists() and not state.backup_root.exists()
+        assert _temps(installed.site_dir) == []
+
+    def fail_every_call(self, injector: Injector, errnos, modes=(False, True)) -> None:
+        total = self.count_calls(injector)
+        assert total > 5
+        for k in range(1, total + 1):
+            for err in errnos:
+                for sticky in modes:
+                    installed = self.fresh("case")
+                    before = injector.injected
+                    with injector.active(fail_at=k, err=err, sticky=sticky):
+                        try:
+                            self.scenario.op(installed)
+                            raised = False
+                        except PatchError as exc:
+                            raised = True
+                            assert "\n" not in str(exc)
+                    self.count += injector.injected - before
+                    context = f"{self.scenario.name}: call {k}/{total}, {errno.errorcode[err]}, sticky={sticky}"
+                    try:
+                        self.check_after_fault(installed, raised, all_or_nothing=not sticky)
+                        self.finish(installed)
+                    except AssertionError as exc:
+                        raise AssertionError(f"{context}: {exc}") from exc
+
+    def kill_at_every_call(self, injector: Injector, step: int = 1) -> None:
+        total = self.count_calls(injector)
+        for k in range(1, total + 1, step):
+            installed = self.fresh("case")
+            pid = os.fork()
+            if pid == 0:  # the child: run the command and die by SIGKILL at call k
+                code = 0
+                try:
+                    with injector.active(kill_at=k):
+                        self.scenario.op(installed)
+                except BaseException:
+                    code = 1
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"call {k}: {status}"
+            self.count += 1
+            try:
+                self.check_after_fault(installed, raised=True, all_or_nothing=False)
+                self.finish(installed)
+            except AssertionError as exc:
+                raise AssertionError(f"{self.scenario.name}: SIGKILL at call {k}/{total}: {exc}") from exc
+
+
+def _report(capsys, what: str, count: int) -> None:
+    with capsys.disabled():
+        print(f"\n{what}: {count} faults injected, every file whole, status true, every next run finished")
+
+
+# --------------------------------------------------------------------------------------------------
+# the demo tree: every scenario, every call, every errno, once and for good, and SIGKILL at every call
+
+DEMO_SCENARIOS = [
+    Scenario("apply demo", lambda e: None, lambda e: engine.apply(e, ["demo"])),
+    Scenario("apply second over demo", lambda e: engine.apply(e, ["demo"]), lambda e: engine.apply(e, ["second"])),
+    Scenario("revert demo, keep second", lambda e: engine.apply(e, ["demo", "second"]),
+             lambda e: engine.revert(e, ["demo"])),
+    Scenario("revert all", lambda e: engine.apply(e, ["demo", "second"]), lambda e: engine.revert(e)),
+]
+
+
+@pytest.fixture
+def demo_registry(monkeypatch):
+    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
+    return [demo_patches.DEMO, demo_patches.SECOND]
+
+
+@pytest.mark.parametrize("scenario", DEMO_SCENARIOS, ids=lambda s: s.name)
+def test_every_failing_call_on_the_demo_tree(scenario, demo_registry, fault_dir, capsys):
+    harness = Harness(fault_dir, demo_patches.make_engine_tree, scenario, demo_registry)
+    harness.fail_every_call(Injector(), ERRNOS)
+    _report(capsys, f"demo tree, {scenario.name}", harness.count)
+    assert harness.count >= 100
+
+
+def _site_with_record(site: Path) -> Path:
+    demo_patches.make_engine_tree(site)
+    demo_patches.write_record(site)
+    return site
+
+
+def _no_download(distribution, version):
+    raise AssertionError("the backups verify: repair must not fetch the release")
+
+
+def test_every_failing_call_and_sigkill_during_repair(demo_registry, fault_dir, capsys):
+    from toolkit.repair import repair
+
+    scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
+    harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
+    harness.fail_every_call(Injector(), ERRNOS)
+    harness.kill_at_every_call(Injector())
+    _report(capsys, "demo tree, repair", harness.count)
+
+
+@pytest.mark.parametrize("scenario", DEMO_SCENARIOS, ids=lambda s: s.name)
+def test_sigkill_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_dir, capsys):
+    harness = Harness(fault_dir, demo_patches.make_engine_tree, scenario, demo_registry)
+    harness.kill_at_every_call(Injector())
+    _report(capsys, f"demo tree, SIGKILL, {scenario.name}", harness.count)
+
+
+# --------------------------------------------------------------------------------------------------
+# copies of real engine trees (only the dist-info and the files the patches edit)
+
+
+def _slim_site(name: str, package: str) -> Callable[[Path], Path]:
+    from tests.harness.fixtures import ensure_source_tree
+
+    dist, version = name.rsplit("-", 1)
+    source = ensure_source_tree(dist, version)
+    relpaths = sorted({e.relpath for p in engine.patches_for(package) if p.supports(version) for e in p.files})
+
+    def make(site: Path) -> Path:
+        for entry in source.glob("*.dist-info"):
+            shutil.copytree(entry, site / entry.name)
+        for relpath in relpaths:
+            target = site / package / relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / package / relpath, target)
+        return site
+
+    return make
+
+
+REAL = [("sglang-0.5.23", "sglang"), ("vllm-0.33.0", "vllm")]
+
+
+@pytest.mark.parametrize("name,package", REAL)
+def test_every_failing_call_on_a_real_tree(name, package, fault_dir, capsys):
+    version = name.rsplit("-", 1)[1]
+    patches = [p for p in engine.patches_for(package) if p.supports(version)]
+    count = 0
+    for scenario in (Scenario("apply all", lambda e: None, lambda e: engine.apply(e)),
+                     Scenario("revert all", lambda e: engine.apply(e), lambda e: engine.revert(e))):
+        harness = Harness(fault_dir / scenario.name.replace(" ", "-"), _slim_site(name, package), scenario, patches)
+        harness.fail_every_call(Injector(), (errno.ENOSPC, errno.EROFS))
+        harness.kill_at_every_call(Injector(), step=3)
+        count += harness.count
+    _report(capsys, f"{name} copy", count)

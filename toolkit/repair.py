@@ -1,0 +1,200 @@
+"""``toolkit repair``: put an engine back to its installed release's files and forget the patch state.
+
+The truth is pip's RECORD for the installed distribution (a sha256 per file). Every file a patch may
+have edited, or that the state names, is checked against it; a file that differs comes back from
+the backup when the backup verifies, otherwise from the release wheel (``pip download --no-deps``,
+cached). The writes are the patch engine's own all-or-nothing path, then the state is cleared.
+Works when the manifest is missing or corrupt and when backups are missing or altered. State left
+behind by an engine that was uninstalled is removed.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from toolkit import engine as _engine
+from toolkit import fs
+from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
+from toolkit.errors import CorruptManifest, PatchError, io_error
+from toolkit.sources import load_source
+from toolkit.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.version import __version__
+
+# (distribution, version) -> a wheel file or an unpacked tree of that release; tests pass their own.
+FetchRelease = Callable[[str, str], Path]
+
+
+@dataclass
+class RepairResult:
+    engine: str
+    distribution: str
+    version: str
+    restored: dict[str, str] = field(default_factory=dict)  # relpath -> "backup" / "release"
+    unverifiable: list[str] = field(default_factory=list)  # not in RECORD: left as they are
+    cleared_state: bool = False
+    orphan: bool = False  # state of an engine that is no longer installed, removed
+
+
+def record_hashes(engine: InstalledEngine) -> dict[str, str]:
+    """relpath (inside the package) -> sha256 hex, from the installed distribution's RECORD."""
+    package = Path(engine.package_dir).name
+    for dist_info in sorted(engine.site_dir.glob("*.dist-info")):
+        try:
+            meta = fs.read_bytes(dist_info / "METADATA").decode(errors="replace")
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in meta.splitlines() if ":" in line and not line.startswith(" "))
+        name, version = _normalize(fields.get("Name", "").strip()), fields.get("Version", "").strip()
+        if name != engine.distribution or version != engine.version:
+            continue
+        try:
+            text = fs.read_bytes(dist_info / "RECORD").decode(errors="replace")
+        except OSError as exc:
+            raise io_error(exc, "cannot read pip's RECORD") from None
+        hashes = {}
+        for row in csv.reader(io.StringIO(text)):
+            if len(row) >= 2 and row[0].startswith(f"{package}/") and row[1].startswith("sha256="):
+                digest = row[1][len("sha256="):]
+                raw = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4))
+                hashes[row[0][len(package) + 1:]] = raw.hex()
+        return hashes
+    raise PatchError(f"no RECORD for {engine.distribution} {engine.version} in {engine.site_dir}: pip's list of "
+                     "the release's files is what repair checks against (reinstall with pip to get it back)")
+
+
+def pip_download(python: str) -> FetchRelease:
+    """The default release source: ``pip download --no-deps DIST==VERSION`` with the engine's own
+    interpreter (so the wheel matches its platform), cached under ``$TOOLKIT_CACHE_DIR/wheels``."""
+
+    def fetch(distribution: str, version: str) -> Path:
+        cache = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser() / "wheels"
+        stem = f"{distribution.replace('-', '_')}-{version}-"
+        found = sorted(cache.glob(f"{stem}*.whl"))
+        if not found:
+            cache.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.run(
+                [python or sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                 "-d", str(cache), f"{distribution}=={version}"],
+                capture_output=True, text=True, check=False, errors="replace",
+            )
+            found = sorted(cache.glob(f"{stem}*.whl"))
+            if proc.returncode != 0 or not found:
+                last = (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]
+                raise PatchError(f"could not download {distribution}=={version} to restore its files ({last}); "
+                                 f"download the wheel into {cache} and run repair again")
+        return found[0]
+
+    return fetch
+
+
+def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
+           lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT) -> RepairResult:
+    """Restore every file toolkit may have touched to the release's bytes, then clear the state."""
+    fetch = fetch or pip_download(engine.python)
+    state = StateDir(engine.site_dir, engine.engine)
+    result = RepairResult(engine.engine, engine.distribution, engine.version)
+    expected = record_hashes(engine)
+    try:
+        with state.lock(lock_timeout):
+            old_raw = state.read_manifest_bytes()
+            try:
+                manifest = state.parse_manifest(old_raw) if old_raw is not None else None
+            except CorruptManifest:
+                manifest = None
+            relpaths = _touched_files(engine, state, manifest)
+            release = _Release(engine, fetch)
+            changes: list[_engine.FileChange] = []
+            journal = Manifest(__version__, engine.engine, engine.distribution, engine.version, "reverting",
+                               _patches_present(engine, manifest, relpaths), {})
+            for relpath in sorted(relpaths):
+                want = expected.get(relpath)
+                if want is None:
+                    result.unverifiable.append(relpath)
+                    continue
+                path = _engine._engine_file(engine, relpath)
+                current = sha256_file(path)
+                if current == want:
+                    continue
+                data, origin = _verified_bytes(state, release, relpath, want)
+                result.restored[relpath] = origin
+                mode = fs.file_mode(path)
+                changes.append(_engine.FileChange(relpath, path, _engine._read_or_none(path), data,
+                                                  0o644 if mode is None else mode))
+                journal.files[relpath] = FileRecord(want, want, [], [current] if current else [])
+            if not changes and old_raw is None and not state.backup_root.exists():
+                return result
+            _engine._write(state, old_raw, journal, None, changes, {})
+            result.cleared_state = True
+    except OSError as exc:
+        raise io_error(exc, "cannot repair") from None
+    return result
+
+
+def _touched_files(engine: InstalledEngine, state: StateDir, manifest: Manifest | None) -> set[str]:
+    """Files a patch for this engine edits, the manifest names, or a backup exists for."""
+    relpaths = {e.relpath for p in _engine.registry() if p.engine == engine.engine for e in p.files}
+    relpaths |= set(manifest.files if manifest else ())
+    state.refuse_links(state.backup_root)
+    if state.backup_root.is_dir():
+        for path in state.backup_root.rglob("*"):
+            if path.is_file() and not path.name.endswith(fs.TEMP_SUFFIX):
+                relpaths.add(str(path.relative_to(state.backup_root)))
+    return relpaths
+
+
+def _patches_present(engine: InstalledEngine, manifest: Manifest | None, relpaths: set[str]) -> list[str]:
+    """While repair writes, `status` must not call a patch whose marker is still in a file "not applied"."""
+    ids = set(manifest.patches if manifest else ())
+    for relpath in relpaths:
+        try:
+            ids |= _engine.markers_in(fs.read_bytes(_engine._engine_file(engine, relpath)))
+        except OSError:
+            continue
+    known = [p.id for p in _engine.registry() if p.engine == engine.engine]
+    return [pid for pid in known if pid in ids]
+
+
+class _Release:
+    """The release's files, fetched on first need only (the backups usually suffice)."""
+
+    def __init__(self, engine: InstalledEngine, fetch: FetchRelease) -> None:
+        self.engine, self.fetch, self.source = engine, fetch, None
+
+    def read(self, relpath: str) -> bytes | None:
+        if self.source is None:
+            self.source = load_source(self.fetch(self.engine.distribution, self.engine.version))
+            if (self.source.distribution, self.source.version) != (self.engine.distribution, self.engine.version):
+                raise PatchError(f"the release fetched for {self.engine.distribution} {self.engine.version} is "
+                                 f"{self.source.distribution} {self.source.version}")
+        return self.source.read(relpath)
+
+
+def _verified_bytes(state: StateDir, release: _Release, relpath: str, want: str) -> tuple[bytes, str]:
+    backup = state.read_backup_or_none(relpath)
+    if backup is not None and sha256_bytes(backup) == want:
+        return backup, "backup"
+    data = release.read(relpath)
+    if data is None or sha256_bytes(data) != want:
+        raise PatchError(f"{relpath}: neither the backup nor the release wheel has the bytes pip's RECORD lists "
+                         f"for {state.site_dir}; nothing was written")
+    return data, "release"
+
+
+def orphan_states(site_dirs: list[Path], installed: list[InstalledEngine]) -> list[StateDir]:
+    """State directories of engines that are not installed in that site-packages any more."""
+    present = {(e.site_dir.resolve(), e.engine) for e in installed}
+    orphans = []
+    for site_dir in site_dirs:
+        for engine_name in sorted({engine for engine, _ in ENGINE_DISTRIBUTIONS.values()}):
+            state = StateDir(site_dir, engine_name)
+            if (site_dir / STATE_DIRNAME / engine_name).is_dir() and (site_dir.resolve(), engine_name) not in present:
+                orphans.append(state)
+    return orphans
