@@ -1,1 +1,1 @@
-"""Attention kernels of the toolkit (``kernels.superlinear``: superlinear attention)."""
+"""Attention kernels of the toolkit (``toolkit.kernels.superlinear``: superlinear attention)."""

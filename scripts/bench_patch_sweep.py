@@ -140,7 +140,7 @@ def main() -> int:
 
     import torch
 
-    from patches.vllm.patch_sweep.client import PatchStudy
+    from toolkit.patches.vllm.patch_sweep.client import PatchStudy
 
     model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached"], check=True,
                            capture_output=True, text=True).stdout.strip()

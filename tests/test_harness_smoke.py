@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENV, sglang_env
-from verify.server import EngineServer, ServerStartError, pid_alive
+from toolkit.verify.server import EngineServer, ServerStartError, pid_alive
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello to the tests."}]
 
@@ -100,7 +100,7 @@ def test_server_that_never_gets_healthy_is_killed_with_its_children(tmp_path):
 
 
 def test_server_that_ignores_sigterm_is_killed(tmp_path, monkeypatch):
-    import verify.server as server_module
+    import toolkit.verify.server as server_module
 
     monkeypatch.setattr(server_module, "STOP_GRACE_S", 1.0)
     python = fake_python(tmp_path, "trap '' TERM\n(trap '' TERM; sleep 600) &\nwhile true; do sleep 1; done")

@@ -193,7 +193,16 @@ class _null:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    rows = [row for installed in _engines(args) for row in _engine.status(installed)]
+    engines = resolve_engines(args.engine, None, args.python)
+    if not engines and args.engine is None:
+        # Nothing installed is a state to report, not a mistake: `toolkit status` answers it (exit 0).
+        if args.json:
+            print("[]")
+        else:
+            console.print(f"no vLLM or SGLang installed for {args.python or sys.executable}", markup=False,
+                          highlight=False)
+        return 0
+    rows = [row for installed in engines or _engines(args) for row in _engine.status(installed)]
     if args.json:
         print(json.dumps([asdict(row) for row in rows], indent=2))
     else:
@@ -269,8 +278,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from verify.checks import CHECKS
-    from verify.run import verify
+    from toolkit.verify.checks import CHECKS
+    from toolkit.verify.run import verify
 
     names = [n.strip() for n in args.checks.split(",") if n.strip()] if args.checks else None
     known = {c.name for c in CHECKS}

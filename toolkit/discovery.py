@@ -28,6 +28,9 @@ class InstalledEngine:
     version: str
     package_dir: str
     python: str
+    # serving-toolkit's version as that interpreter sees it ("" when it cannot import it); None when not
+    # asked (the running interpreter, or a source tree): patches that inject runtime imports check it.
+    toolkit_version: str | None = None
 
     @property
     def site_dir(self) -> Path:
@@ -38,10 +41,25 @@ def _normalize(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")
 
 
-def find_engines_here() -> list[InstalledEngine]:
+def _toolkit_version_here() -> str:
+    """serving-toolkit's version if this interpreter can import its runtime modules, else ""."""
+    import importlib.metadata
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("toolkit.patches") is None:
+            return ""
+        return importlib.metadata.version("serving-toolkit")
+    except Exception:  # not installed, or a broken install: either way the engine could not import it
+        return ""
+
+
+def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
     """Engines importable by the running interpreter (finds specs; never executes engine code)."""
     import importlib.metadata
     import importlib.util
+
+    toolkit_version = _toolkit_version_here() if report_toolkit else None
 
     found: dict[str, InstalledEngine] = {}
     for dist in importlib.metadata.distributions():
@@ -58,7 +76,7 @@ def find_engines_here() -> list[InstalledEngine]:
         dist_root = Path(str(dist.locate_file(""))).resolve()
         if engine in found and Path(package_dir).parent != dist_root:
             continue
-        found[engine] = InstalledEngine(engine, name, dist.version, package_dir, sys.executable)
+        found[engine] = InstalledEngine(engine, name, dist.version, package_dir, sys.executable, toolkit_version)
     return sorted(found.values(), key=lambda e: e.engine)
 
 
@@ -119,4 +137,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--site-dirs"]:
         print(json.dumps(site_dirs_here()))
     else:
-        print(json.dumps([asdict(engine) for engine in find_engines_here()]))
+        print(json.dumps([asdict(engine) for engine in find_engines_here(report_toolkit=True)]))

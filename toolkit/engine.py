@@ -36,7 +36,7 @@ DEFAULT_LOCK_TIMEOUT = 60.0
 
 
 def registry() -> list[Patch]:
-    from patches import all_patches
+    from toolkit.patches import all_patches
 
     return all_patches()
 
@@ -509,8 +509,23 @@ def apply(
     if not candidates:
         raise PatchError(f"no patch supports {engine.distribution} {engine.version} "
                          f"(see `toolkit list`; --allow-unknown-version to try anyway)")
+    _require_runtime(engine, candidates)
     return reconcile(engine, add=[p.id for p in candidates], force=force, dry_run=dry_run,
                      allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout)
+
+
+def _require_runtime(engine: InstalledEngine, patches: Sequence[Patch]) -> None:
+    """A patch whose edits import its runtime module needs this project, at this version, importable by
+    the engine's interpreter: otherwise the patched engine would not start. Checked before anything is
+    written (``--python`` into another environment)."""
+    needed = [p.id for p in patches if p.runtime_modules]
+    if not needed or engine.toolkit_version is None or engine.toolkit_version == __version__:
+        return
+    found = f"serving-toolkit {engine.toolkit_version}" if engine.toolkit_version else "no serving-toolkit"
+    raise PatchError(
+        f"{engine.python} has {found}, but the patched {engine.engine} would import this project's runtime "
+        f"modules ({', '.join(needed)}) at start-up; install it there first "
+        f"(`{engine.python} -m pip install 'serving-toolkit=={__version__}'`); nothing was written")
 
 
 def revert(

@@ -2,7 +2,7 @@
 
 Use from Python or pytest::
 
-    from verify import verify, run_checks, CHECKS
+    from toolkit.verify import verify, run_checks, CHECKS
     report = verify("path/to/model", engine="vllm")
     assert report.ok, report.results
 
@@ -15,14 +15,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from verify.checks import CHECKS, Check, CheckResult, Target, run_checks
-    from verify.run import VerifyReport, verify
+    from toolkit.verify.checks import CHECKS, Check, CheckResult, Target, run_checks
+    from toolkit.verify.run import VerifyReport, verify
 
 __all__ = ["verify", "VerifyReport", "run_checks", "CHECKS", "Check", "CheckResult", "Target"]
 
-_LAZY = {"verify": "verify.run", "VerifyReport": "verify.run", "run_checks": "verify.checks",
-         "CHECKS": "verify.checks", "Check": "verify.checks", "CheckResult": "verify.checks",
-         "Target": "verify.checks"}
+_LAZY = {"verify": "toolkit.verify.run", "VerifyReport": "toolkit.verify.run", "run_checks": "toolkit.verify.checks",
+         "CHECKS": "toolkit.verify.checks", "Check": "toolkit.verify.checks", "CheckResult": "toolkit.verify.checks",
+         "Target": "toolkit.verify.checks"}
 
 
 def __getattr__(name: str) -> Any:
@@ -32,4 +32,4 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    raise AttributeError(f"module 'verify' has no attribute {name!r}")
+    raise AttributeError(f"module 'toolkit.verify' has no attribute {name!r}")

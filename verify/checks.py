@@ -12,7 +12,7 @@ import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from verify.client import ChatClient, ChatOutcome, ServerGone
+from toolkit.verify.client import ChatClient, ChatOutcome, ServerGone
 
 PASS, FAIL, SKIP, ERROR = "pass", "fail", "skip", "error"
 
@@ -252,11 +252,11 @@ def check_concurrency(target: Target) -> str:
 
 def check_responses_stream(target: Target) -> str:
     """/v1/responses streamed: the events follow the OpenAI grammar (checked by a state machine over
-    the events, patches.vllm.responses_stream.grammar), the terminal response holds exactly the
+    the events, toolkit.patches.vllm.responses_stream.grammar), the terminal response holds exactly the
     streamed items, and the non-streaming response to the same greedy request has the same items.
     Once cut by max_output_tokens (the incomplete path) and once run to a longer limit, with tools
     offered when the server parses tool calls."""
-    from patches.vllm.responses_stream.grammar import check_events, compare_outputs
+    from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
 
     user = MESSAGES[-1]["content"]
     cases = [("cut by max_output_tokens", {"input": user, "max_output_tokens": 8}),
@@ -314,7 +314,7 @@ def check_patch_sweep(target: Target) -> str:
     import urllib.error
     import uuid
 
-    from patches.vllm.patch_sweep.client import PatchStudy, PatchStudyError, Span
+    from toolkit.patches.vllm.patch_sweep.client import PatchStudy, PatchStudyError, Span
 
     study = PatchStudy(target.base_url, timeout=300)
     try:

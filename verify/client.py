@@ -123,7 +123,7 @@ class ChatClient:
 
     def responses(self, body: dict[str, Any], *, stream: bool) -> Any:
         """POST /v1/responses: the parsed SSE events when streaming, else the response object."""
-        from patches.vllm.responses_stream.grammar import parse_sse
+        from toolkit.patches.vllm.responses_stream.grammar import parse_sse
 
         body = {"model": self.model, **body, "stream": stream}
         try:

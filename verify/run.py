@@ -14,8 +14,8 @@ from toolkit.extras import require
 require("verify", ("httpx",), "toolkit verify")
 import httpx  # noqa: E402
 
-from patches.vllm.patch_sweep.runtime import ENABLE_ENV as PATCHING_ENV
-from verify.checks import CHECKS, ERROR, FAIL, PASS, SKIP, CheckResult, Target, missing_patches, run_checks
+from toolkit.patches.vllm.patch_sweep.runtime import ENABLE_ENV as PATCHING_ENV
+from toolkit.verify.checks import CHECKS, ERROR, FAIL, PASS, SKIP, CheckResult, Target, missing_patches, run_checks
 
 
 # The `tools` check needs a tool-call parser; Hermes-style <tool_call> markup is the common default.
@@ -126,7 +126,7 @@ def verify(
     if url is not None:
         run_against(url)
     else:
-        from verify.server import EngineServer, ServerStartError
+        from toolkit.verify.server import EngineServer, ServerStartError
 
         say(f"starting {installed.distribution} {installed.version} with {model}")
         # CPU defaults (dtype, context and KV sizes for a small machine) only where there is no GPU.

@@ -428,7 +428,7 @@ def _kill(pid: int, sig: int) -> None:
         pass
 
 
-if __name__ == "__main__":  # a manual smoke run: python -m verify.server ENGINE PYTHON MODEL [ARGS...]
+if __name__ == "__main__":  # a manual smoke run: python -m toolkit.verify.server ENGINE PYTHON MODEL [ARGS...]
     engine_, python_, model_, *args_ = sys.argv[1:]
     with EngineServer(engine_, python_, model_, args_) as server_:
         print(f"{server_.engine} {server_.version} healthy at {server_.base_url} (pid {server_.pid}); Ctrl-C stops it")

@@ -10,20 +10,22 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("toolkit", "patches", "verify", "kernels")
+# folder -> the import name it installs as (setup.py): one namespace, ``toolkit``
+PACKAGES = {"toolkit": "toolkit", "patches": "toolkit.patches", "verify": "toolkit.verify",
+            "kernels": "toolkit.kernels"}
 
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([PACKAGES[parts[0]], *parts[1:]])
 
 
 def modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in sorted((REPO / package).rglob("*.py")):
+    for folder in PACKAGES:
+        for path in sorted((REPO / folder).rglob("*.py")):
             found[module_name(path)] = path
     return found
 
@@ -101,3 +103,20 @@ def cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
             elif child in on_stack:
                 low[node] = min(low[node], index[child])
     return out
+
+
+def stray_top_level_imports(folders: tuple[str, ...] = ("toolkit", "patches", "verify", "kernels", "tests", "scripts")
+                            ) -> list[str]:
+    """Imports of ``patches``, ``verify`` or ``kernels`` as top-level packages anywhere in the repository:
+    installed, they exist only as ``toolkit.*``, and from a checkout both would load the same file twice."""
+    wrong = []
+    for folder in folders:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                for name in names:
+                    if name.split(".")[0] in ("patches", "verify", "kernels"):
+                        wrong.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
+    return wrong

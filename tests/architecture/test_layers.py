@@ -4,20 +4,20 @@ Top to bottom: the CLI and the package's front door; ``verify``; the patch engin
 patches; at the bottom the codemod base (what a patch's declaration and codemods build on) and the
 kernels. A module may import from its own layer or any layer below, never above; there are no
 circles; a patch for one engine never imports another engine's patches, and shared patch code
-(``patches.common``) imports no engine's patches.
+(``toolkit.patches.common``) imports no engine's patches.
 """
 
 from __future__ import annotations
 
-from tests.architecture.import_graph import cycles, edges
+from tests.architecture.import_graph import cycles, edges, stray_top_level_imports
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
     ("front", ("toolkit", "toolkit.__main__", "toolkit.cli")),
-    ("verify", ("verify",)),
+    ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.repair", "toolkit.patch_study")),
-    ("patches", ("patches",)),
+    ("patches", ("toolkit.patches",)),
     ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs",
-              "toolkit.version", "toolkit.extras", "kernels")),
+              "toolkit.version", "toolkit.extras", "toolkit.kernels")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
 
@@ -36,13 +36,17 @@ def layer_of(module: str) -> tuple[str, int]:
 
 def engine_of(module: str) -> str | None:
     parts = module.split(".")
-    return parts[1] if parts[0] == "patches" and len(parts) > 1 else None
+    return parts[2] if parts[:2] == ["toolkit", "patches"] and len(parts) > 2 else None
 
 
 def test_the_graph_sees_the_known_dependencies():
     graph = edges()
-    assert "toolkit.codemod" in graph["patches.vllm.tito.codemods"]  # a patch builds on the codemod base
-    assert "patches.vllm.patch_sweep.client" in graph["verify.checks"]  # a lazy import counts too
+    assert "toolkit.codemod" in graph["toolkit.patches.vllm.tito.codemods"]  # a patch builds on the codemod base
+    assert "toolkit.patches.vllm.patch_sweep.client" in graph["toolkit.verify.checks"]  # a lazy import counts too
+
+
+def test_nothing_imports_the_folders_as_top_level_packages():
+    assert stray_top_level_imports() == []
 
 
 def test_no_import_circles():

@@ -33,10 +33,10 @@ if not _NATIVE:
 try:
     import triton  # noqa: F401
 
-    import kernels.superlinear.triton.decode  # noqa: F401  (decorated now: interpreted or native)
-    import kernels.superlinear.triton.prefill  # noqa: F401
-    import kernels.superlinear.triton.paged_decode  # noqa: F401
-    import kernels.superlinear.triton.paged_prefill  # noqa: F401
+    import toolkit.kernels.superlinear.triton.decode  # noqa: F401  (decorated now: interpreted or native)
+    import toolkit.kernels.superlinear.triton.prefill  # noqa: F401
+    import toolkit.kernels.superlinear.triton.paged_decode  # noqa: F401
+    import toolkit.kernels.superlinear.triton.paged_prefill  # noqa: F401
     TRITON_IMPORT_ERROR = None
 except Exception as exc:  # pragma: no cover - triton (or torch) missing or broken
     TRITON_IMPORT_ERROR = exc
@@ -48,7 +48,7 @@ finally:
 
 
 def kernels_are_interpreted() -> bool:
-    from kernels.superlinear.triton import search
+    from toolkit.kernels.superlinear.triton import search
 
     return type(search._search_kernel).__name__ == "InterpretedFunction"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.superlinear import (
+from toolkit.kernels.superlinear import (
     SuperlinearParams,
     resolve_impl,
     superlinear_attention,

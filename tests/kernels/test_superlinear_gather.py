@@ -6,9 +6,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.superlinear.gather import gather_superlinear_attention, gather_superlinear_decode
-from kernels.superlinear.naive import naive_superlinear_attention
-from kernels.superlinear.spans import SuperlinearParams
+from toolkit.kernels.superlinear.gather import gather_superlinear_attention, gather_superlinear_decode
+from toolkit.kernels.superlinear.naive import naive_superlinear_attention
+from toolkit.kernels.superlinear.spans import SuperlinearParams
 
 from .conftest import left_padding_mask, make_inputs, normal_tensor
 

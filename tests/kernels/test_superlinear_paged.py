@@ -1,4 +1,4 @@
-"""Superlinear attention over a paged KV cache (``kernels.superlinear.paged``), CPU path and Triton.
+"""Superlinear attention over a paged KV cache (``toolkit.kernels.superlinear.paged``), CPU path and Triton.
 
 Every case builds a serving batch (prompts, prefill chunks over a cached prefix, decode rows, idle
 requests) whose K/V sit in a shuffled paged cache in one of the engines' layouts, and compares the
@@ -17,15 +17,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.superlinear.api import superlinear_attention
-from kernels.superlinear.paged import (
+from toolkit.kernels.superlinear.api import superlinear_attention
+from toolkit.kernels.superlinear.paged import (
     PagedKV,
     decode_positions,
     layout_from_probe,
     superlinear_attention_paged,
     superlinear_decode_paged,
 )
-from kernels.superlinear.spans import SuperlinearParams, span_geometry
+from toolkit.kernels.superlinear.spans import SuperlinearParams, span_geometry
 
 from .conftest import dense_causal_reference, exact_scores_tensor, normal_tensor
 
@@ -297,7 +297,7 @@ def test_paged_gather_decode_reads_only_stripes_window_and_spans():
 def test_paged_kernels_run_in_the_interpreter(triton_device):
     if triton_device != "cpu":
         pytest.skip("native run")
-    from kernels.superlinear.triton import paged_decode, paged_prefill
+    from toolkit.kernels.superlinear.triton import paged_decode, paged_prefill
 
     for kernel in (paged_prefill._paged_search_kernel, paged_prefill._paged_span_tile_kernel,
                    paged_prefill._paged_merge_kernel, paged_decode._paged_decode_search_kernel,

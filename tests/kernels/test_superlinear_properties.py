@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.superlinear import superlinear_attention, superlinear_decode
+from toolkit.kernels.superlinear import superlinear_attention, superlinear_decode
 
 from .conftest import dense_causal_reference, left_padding_mask, make_inputs
 

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels.superlinear.spans import (
+from toolkit.kernels.superlinear.spans import (
     SuperlinearParams,
     ceil_scaled_power,
     floor_root,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.superlinear.naive import naive_superlinear_attention
-from kernels.superlinear.spans import SuperlinearParams
+from toolkit.kernels.superlinear.naive import naive_superlinear_attention
+from toolkit.kernels.superlinear.spans import SuperlinearParams
 
 from .conftest import kernels_are_interpreted, left_padding_mask, make_inputs
 
@@ -37,7 +37,7 @@ def test_kernels_run_in_the_interpreter_on_cpu(triton_device):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_triton_prefill_matches_naive(name, triton_device):
-    from kernels.superlinear.triton.prefill import triton_superlinear_attention
+    from toolkit.kernels.superlinear.triton.prefill import triton_superlinear_attention
 
     c = CASES[name]
     q1, q2, k, v = make_inputs(c["batch"], c["heads"], c["kv_heads"], c["length"], c["dim"], seed=len(name))
@@ -52,7 +52,7 @@ def test_triton_prefill_matches_naive(name, triton_device):
 
 
 def test_triton_prefill_chunk_of_a_longer_cache_matches_naive(triton_device):
-    from kernels.superlinear.triton.prefill import triton_superlinear_attention
+    from toolkit.kernels.superlinear.triton.prefill import triton_superlinear_attention
 
     params = SuperlinearParams(sw_index=3, backward_factor=3.0, forward_factor=1.0)
     q1, q2, k, v = make_inputs(2, 4, 2, 256, 32, seed=9)
@@ -68,7 +68,7 @@ def test_triton_prefill_chunk_of_a_longer_cache_matches_naive(triton_device):
 @pytest.mark.parametrize("name", ["L64-gqa2-d16-defaults-padded", "L256-gqa4-d32-cube-root-search",
                                   "L512-gqa2-d64-float-search-power-topk4"])
 def test_triton_decode_matches_naive(name, triton_device):
-    from kernels.superlinear.triton.decode import triton_superlinear_decode
+    from toolkit.kernels.superlinear.triton.decode import triton_superlinear_decode
 
     c = CASES[name]
     batch = c["batch"]
@@ -89,7 +89,7 @@ def test_triton_bf16_and_fp16_on_gpu(triton_device):
     """16-bit inputs need real tensor cores: the interpreter multiplies bf16 bit patterns."""
     if triton_device != "cuda":
         pytest.skip("16-bit dot products are not faithful under the Triton interpreter")
-    from kernels.superlinear.triton.prefill import triton_superlinear_attention
+    from toolkit.kernels.superlinear.triton.prefill import triton_superlinear_attention
 
     params = SuperlinearParams(sw_index=3, backward_factor=3.0, forward_factor=1.0)
     for dtype in (torch.bfloat16, torch.float16):

@@ -158,7 +158,7 @@ def test_cli_repair_and_orphan_state_after_uninstall(site, release, monkeypatch,
 
 def test_repair_on_a_real_sglang_tree_with_its_real_record(tmp_path, monkeypatch):
     """The real RECORD and the unpacked release as the wheel, after the state was lost entirely."""
-    from patches.sglang.token_ids.patch import PATCH
+    from toolkit.patches.sglang.token_ids.patch import PATCH
     from tests.harness.fixtures import ensure_source_tree
 
     real = [PATCH]

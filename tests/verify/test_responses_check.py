@@ -10,7 +10,7 @@ import copy
 import pytest
 
 from tests.patches.vllm.responses_stream.support import simulate
-from verify.checks import CHECKS, FAIL, PASS, SKIP, Target, run_checks
+from toolkit.verify.checks import CHECKS, FAIL, PASS, SKIP, Target, run_checks
 
 CHUNKS = ["<think>", "let me see", "</think>", "Hello", " world"]
 

@@ -17,9 +17,9 @@ from typing import Iterator
 
 import pytest
 
-from verify import verify
+from toolkit.verify import verify
 from tests.harness.fixtures import VLLM_ENVS
-from verify.server import pid_alive
+from toolkit.verify.server import pid_alive
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 

@@ -12,7 +12,7 @@ Static: the grid and every buffer depend only on (R, H_Q, D, topk) and ``max_seq
 the span tables and the split count), never on ``seq_lens`` or the block table, which are read on
 the device.  No host synchronisation, so the step can be captured in a CUDA graph; a request with
 ``seq_len == 0`` (graph padding) reads nothing and outputs 0.  The PyTorch reference is
-``kernels.superlinear.paged.superlinear_decode_paged`` with ``impl="gather"``.
+``toolkit.kernels.superlinear.paged.superlinear_decode_paged`` with ``impl="gather"``.
 """
 
 from __future__ import annotations

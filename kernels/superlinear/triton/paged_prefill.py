@@ -15,7 +15,7 @@ synchronisation:
 4. ``_paged_merge_kernel``: each span merged with the window by log-sum-exp, gated by the softmax
    of the search scores, written straight into the engine's ``[T, H_Q, D]`` output.
 
-The plain PyTorch reference of the same computation is ``kernels.superlinear.paged`` with
+The plain PyTorch reference of the same computation is ``toolkit.kernels.superlinear.paged`` with
 ``impl="gather"`` (reads each request's prefix, then ``gather.py``).
 """
 

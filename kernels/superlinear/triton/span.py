@@ -1,6 +1,6 @@
 """Triton span attention: softmax partials of every (query, span) pair over its span.
 
-Pairs are grouped by ``kernels.superlinear.tiling`` into tiles of up to ``TILE`` pairs of one
+Pairs are grouped by ``toolkit.kernels.superlinear.tiling`` into tiles of up to ``TILE`` pairs of one
 (batch row, KV head) whose spans start in the same key block, so one program loads each key block
 of the tile's footprint once and runs ``[TILE, D] x [D, BLOCK_K]`` tile matmuls for all its pairs
 (the rows may belong to different query heads of the GQA group and to different queries).  Each

@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels.superlinear.api import (
+from toolkit.kernels.superlinear.api import (
     superlinear_attention,
     superlinear_decode,
     superlinear_search,
 )
-from patches.common.superlinear.config import SuperlinearConfig
+from toolkit.patches.common.superlinear.config import SuperlinearConfig
 
 # fetch_kv(r, n) -> (k, v), each [H_KV, >= n, D]: the first n cached tokens of request r, in order.
 FetchKV = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
@@ -83,7 +83,7 @@ def _decode(query, query_start, seq_lens, rows, read_kv, config, scale, out, kwa
     instead of the whole sequence (the zero fill is a memset). The kernel reads no other key, so the
     result is the same as over the full cache (tests/patches/vllm/superlinear/test_backend_logic.py).
     """
-    from kernels.superlinear.spans import span_geometry
+    from toolkit.kernels.superlinear.spans import span_geometry
 
     # Rounded up so the kernels' per-row key layout is a view of this buffer, not a padded copy.
     longest = -(-max(int(seq_lens[r]) for r in rows) // KEY_ALIGN) * KEY_ALIGN

@@ -2,9 +2,9 @@
 
 Same token-level KV pool, same cache writes and metadata as ``torch_native``; the per-request SDPA
 of ``forward_extend`` (prefill, chunked prefill) and ``forward_decode`` is replaced by
-``kernels.superlinear`` over each request's K/V read through ``req_to_token``. Cross-attention,
+``toolkit.kernels.superlinear`` over each request's K/V read through ``req_to_token``. Cross-attention,
 encoder layers and sliding-window layers keep the torch_native path. Configuration: environment
-(``TOOLKIT_SUPERLINEAR_*``, see ``patches.common.superlinear.config``), validated when the backend is
+(``TOOLKIT_SUPERLINEAR_*``, see ``toolkit.patches.common.superlinear.config``), validated when the backend is
 built (server start-up). Works with SGLang 0.5.9 and 0.5.23 (their ``_run_sdpa_forward_*`` helpers
 differ only in trailing keyword arguments).
 
@@ -18,8 +18,8 @@ import logging
 import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from patches.common.superlinear.config import load_config
-from patches.common.superlinear.ragged import superlinear_ragged
+from toolkit.patches.common.superlinear.config import load_config
+from toolkit.patches.common.superlinear.ragged import superlinear_ragged
 
 logger = logging.getLogger(__name__)
 

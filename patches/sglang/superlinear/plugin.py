@@ -14,7 +14,7 @@ NAME = "superlinear"
 
 
 def create(runner):
-    from patches.sglang.superlinear.backend import create_superlinear_backend
+    from toolkit.patches.sglang.superlinear.backend import create_superlinear_backend
     return create_superlinear_backend(runner)
 
 
@@ -24,7 +24,7 @@ def add_choice(choices: list) -> None:
 
 
 def register() -> None:
-    from patches.common.superlinear.switch import backend_enabled
+    from toolkit.patches.common.superlinear.switch import backend_enabled
 
     if not backend_enabled():  # raises on a value it does not understand
         return

@@ -1,5 +1,5 @@
 """The superlinear-backend edits for SGLang 0.5.9, one transformer per file; the backend is in
-``patches.sglang.superlinear`` (shared with the 0.5.23 plugin).
+``toolkit.patches.sglang.superlinear`` (shared with the 0.5.23 plugin).
 
 attention_registry.py: ``superlinear`` registered next to the built-in backends.
 server_args.py: ``superlinear`` added to ``ATTENTION_BACKEND_CHOICES`` (the CLI's choices).
@@ -15,7 +15,7 @@ import libcst.matchers as m
 from toolkit.codemod import AnchoredTransformer
 
 RUNTIME = "_toolkit_superlinear"
-RUNTIME_IMPORT = f"from patches.sglang.superlinear_backend import runtime as {RUNTIME}"
+RUNTIME_IMPORT = f"from toolkit.patches.sglang.superlinear_backend import runtime as {RUNTIME}"
 NAME = "superlinear"
 
 

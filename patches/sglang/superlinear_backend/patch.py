@@ -1,10 +1,10 @@
-"""The ``patches.sglang.superlinear_backend`` patch declaration: what it rewrites, on which versions.
+"""The ``toolkit.patches.sglang.superlinear_backend`` patch declaration: what it rewrites, on which versions.
 
-SGLang 0.5.23 gets the same backend from its plugin entry point (``patches.sglang.superlinear.plugin``)
+SGLang 0.5.23 gets the same backend from its plugin entry point (``toolkit.patches.sglang.superlinear.plugin``)
 and needs no patch.
 """
 
-from patches.sglang.superlinear_backend.codemods import (
+from toolkit.patches.sglang.superlinear_backend.codemods import (
     ChoicesTransformer,
     RegistryTransformer,
     SupportTritonTransformer,
@@ -21,5 +21,5 @@ PATCH = Patch(
         FileEdit("srt/utils/common.py", (SupportTritonTransformer,)),
     ),
     summary="--attention-backend superlinear (superlinear attention over the token KV pool, CPU included)",
-    runtime_modules=("patches.sglang.superlinear_backend.runtime",),
+    runtime_modules=("toolkit.patches.sglang.superlinear_backend.runtime",),
 )

@@ -3,6 +3,6 @@
 Imported by the patched ``attention_registry.py`` in every SGLang process: nothing of the patch engine.
 """
 
-from patches.sglang.superlinear.plugin import NAME, create
+from toolkit.patches.sglang.superlinear.plugin import NAME, create
 
 __all__ = ["NAME", "create"]

@@ -20,13 +20,13 @@ import libcst as cst
 import libcst.matchers as m
 from packaging.version import Version
 
-from patches.sglang.token_ids.codemods import (
+from toolkit.patches.sglang.token_ids.codemods import (
     WRAP_SERIALIZER,  # the serializer both patches decorate
 )
 from toolkit.codemod import AnchoredTransformer, PatchContext
 
 RUNTIME = "_toolkit_tito"
-RUNTIME_IMPORT = f"from patches.sglang.tito import runtime as {RUNTIME}"
+RUNTIME_IMPORT = f"from toolkit.patches.sglang.tito import runtime as {RUNTIME}"
 NEW_API = Version("0.5.23")  # input_ids upstream; logprob entries built from the engine's raw triples
 
 

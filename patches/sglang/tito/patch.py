@@ -1,6 +1,6 @@
-"""The ``patches.sglang.tito`` patch declaration: what it rewrites, on which versions."""
+"""The ``toolkit.patches.sglang.tito`` patch declaration: what it rewrites, on which versions."""
 
-from patches.sglang.tito.codemods import ProtocolTransformer, ServingChatTransformer
+from toolkit.patches.sglang.tito.codemods import ProtocolTransformer, ServingChatTransformer
 from toolkit.codemod import FileEdit, Patch
 
 PATCH = Patch(
@@ -12,5 +12,5 @@ PATCH = Patch(
         FileEdit("srt/entrypoints/openai/serving_chat.py", (ServingChatTransformer,)),
     ),
     summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
-    runtime_modules=("patches.sglang.tito.runtime",),
+    runtime_modules=("toolkit.patches.sglang.tito.runtime",),
 )

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-TOKEN_IDS_RUNTIME = "patches.sglang.token_ids.runtime"
+TOKEN_IDS_RUNTIME = "toolkit.patches.sglang.token_ids.runtime"
 
 
 def _is_int(value: Any) -> bool:

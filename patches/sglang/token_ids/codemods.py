@@ -19,7 +19,7 @@ from packaging.version import Version
 from toolkit.codemod import AnchoredTransformer, PatchContext
 
 RUNTIME = "_toolkit_token_ids"
-RUNTIME_IMPORT = f"from patches.sglang.token_ids import runtime as {RUNTIME}"
+RUNTIME_IMPORT = f"from toolkit.patches.sglang.token_ids import runtime as {RUNTIME}"
 
 
 class _TokenIdsTransformer(AnchoredTransformer):

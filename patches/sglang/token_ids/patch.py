@@ -1,6 +1,6 @@
-"""The ``patches.sglang.token_ids`` patch declaration: what it rewrites, on which versions."""
+"""The ``toolkit.patches.sglang.token_ids`` patch declaration: what it rewrites, on which versions."""
 
-from patches.sglang.token_ids.codemods import ProtocolTransformer, ServingChatTransformer
+from toolkit.patches.sglang.token_ids.codemods import ProtocolTransformer, ServingChatTransformer
 from toolkit.codemod import FileEdit, Patch
 
 PATCH = Patch(
@@ -12,5 +12,5 @@ PATCH = Patch(
         FileEdit("srt/entrypoints/openai/serving_chat.py", (ServingChatTransformer,)),
     ),
     summary="prompt_token_ids and per-choice token_ids on chat completions, streaming included",
-    runtime_modules=("patches.sglang.token_ids.runtime",),
+    runtime_modules=("toolkit.patches.sglang.token_ids.runtime",),
 )

@@ -1,7 +1,7 @@
 """PatchStudy: the client of the patch-sweep server (vLLM with ``patch-sweep`` applied and
 ``TOOLKIT_ENABLE_PATCHING=1``).
 
-    from patches.vllm.patch_sweep.client import PatchStudy, Span
+    from toolkit.patches.vllm.patch_sweep.client import PatchStudy, Span
 
     study = PatchStudy("http://localhost:8000")
     clean = study.capture("The Eiffel Tower is in the city of")
@@ -12,7 +12,7 @@
 
 ``server_side=True`` (the default) sends one request and the server runs every cell as a batched vLLM
 request; ``server_side=False`` sends one HTTP request per cell, with spans resolved here by the same
-module the server uses (``patches.common.spans``), which needs the model's tokenizer (transformers).
+module the server uses (``toolkit.patches.common.spans``), which needs the model's tokenizer (transformers).
 
 Only the standard library is needed for HTTP; numpy for ``to_numpy``; matplotlib for a labelled PNG
 (without it ``plot`` still writes a plain heatmap PNG); rich (a toolkit dependency) for the terminal.
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from patches.common.spans import ALL_PROMPT, Span, prompt_char_offsets, resolve_positions
+from toolkit.patches.common.spans import ALL_PROMPT, Span, prompt_char_offsets, resolve_positions
 
 __all__ = ["CapturedRun", "PatchStudy", "PatchStudyError", "Span", "SweepResult"]
 

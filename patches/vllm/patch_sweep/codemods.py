@@ -22,7 +22,7 @@ import libcst.matchers as m
 from toolkit.codemod import AnchoredTransformer
 
 RUNTIME = "_toolkit_patch_sweep"
-RUNTIME_IMPORT = f"from patches.vllm.patch_sweep import runtime as {RUNTIME}"
+RUNTIME_IMPORT = f"from toolkit.patches.vllm.patch_sweep import runtime as {RUNTIME}"
 
 
 class _SweepTransformer(AnchoredTransformer):

@@ -1,6 +1,6 @@
-"""The ``patches.vllm.patch_sweep`` patch declaration: what it rewrites, on which versions."""
+"""The ``toolkit.patches.vllm.patch_sweep`` patch declaration: what it rewrites, on which versions."""
 
-from patches.vllm.patch_sweep.codemods import AppTransformer, EntryTransformer, WorkerWrapperTransformer
+from toolkit.patches.vllm.patch_sweep.codemods import AppTransformer, EntryTransformer, WorkerWrapperTransformer
 from toolkit.codemod import FileEdit, Patch
 
 PATCH = Patch(
@@ -14,8 +14,8 @@ PATCH = Patch(
     ),
     summary="activation-patching sweeps served by vLLM (TOOLKIT_ENABLE_PATCHING=1): /v1/patch_runs, /v1/patch_sweep",
     runtime_modules=(
-        "patches.vllm.patch_sweep.runtime",
-        "patches.vllm.patch_sweep.server",
-        "patches.vllm.patch_sweep.worker",
+        "toolkit.patches.vllm.patch_sweep.runtime",
+        "toolkit.patches.vllm.patch_sweep.server",
+        "toolkit.patches.vllm.patch_sweep.worker",
     ),
 )

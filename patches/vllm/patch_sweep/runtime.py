@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from patches.vllm.patch_sweep.shared import ENABLE_ENV, WORKER_PREFIX, enabled, log
+from toolkit.patches.vllm.patch_sweep.shared import ENABLE_ENV, WORKER_PREFIX, enabled, log
 
 __all__ = ["ENABLE_ENV", "attach_routes", "enabled", "force_eager", "worker_method"]
 
@@ -23,7 +23,7 @@ __all__ = ["ENABLE_ENV", "attach_routes", "enabled", "force_eager", "worker_meth
 def attach_routes(app: Any) -> None:
     if not enabled():
         return
-    from patches.vllm.patch_sweep import server
+    from toolkit.patches.vllm.patch_sweep import server
 
     server.attach(app)
     log().info("toolkit patch-sweep: /v1/patch_runs and /v1/patch_sweep enabled (%s=1); sweep requests "
@@ -43,7 +43,7 @@ def force_eager(engine_args: Any) -> None:
 def worker_method(wrapper: Any, name: str) -> Callable[..., Any] | None:
     if not isinstance(name, str) or not name.startswith(WORKER_PREFIX):
         return None
-    from patches.vllm.patch_sweep import worker
+    from toolkit.patches.vllm.patch_sweep import worker
 
     function = worker.RPC.get(name[len(WORKER_PREFIX):])
     return None if function is None else functools.partial(function, wrapper)

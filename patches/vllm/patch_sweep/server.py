@@ -28,8 +28,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from patches.common.spans import ALL_PROMPT, SpanError, prompt_char_offsets, resolve_positions
-from patches.vllm.patch_sweep.shared import WORKER_PREFIX
+from toolkit.patches.common.spans import ALL_PROMPT, SpanError, prompt_char_offsets, resolve_positions
+from toolkit.patches.vllm.patch_sweep.shared import WORKER_PREFIX
 
 HOOKS = ("pre_attn", "post_attn", "post_block")
 METRICS = ("logprob", "logit_diff", "recovered")

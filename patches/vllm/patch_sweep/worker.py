@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from patches.vllm.patch_sweep.shared import log
+from toolkit.patches.vllm.patch_sweep.shared import log
 
 HOOKS = ("pre_attn", "post_attn", "post_block")
 PLAN_KEY = "toolkit_patch_sweep"

@@ -1,6 +1,6 @@
 """The edits to vLLM's ``entrypoints/openai/responses/serving.py`` (0.32.x and 0.33.x).
 
-Each edit is a call into :mod:`patches.vllm.responses_stream.runtime`, marked
+Each edit is a call into :mod:`toolkit.patches.vllm.responses_stream.runtime`, marked
 ``# toolkit:responses-stream``; the harmony path is left as it is.
 
 1. an import of the runtime, after the module's last top-level import;
@@ -72,7 +72,7 @@ class ImportRuntime(AnchoredTransformer):
             return updated_node
         self.hit("module imports")
         line = cst.parse_statement(
-            f"from patches.vllm.responses_stream import runtime as {RUNTIME}  {self.marker}\n"
+            f"from toolkit.patches.vllm.responses_stream import runtime as {RUNTIME}  {self.marker}\n"
         )
         body.insert(last + 1, line)
         return updated_node.with_changes(body=body)

@@ -1,10 +1,10 @@
-"""The ``patches.vllm.responses_stream`` patch declaration: what it rewrites, on which versions."""
+"""The ``toolkit.patches.vllm.responses_stream`` patch declaration: what it rewrites, on which versions."""
 
 from __future__ import annotations
 
 from toolkit.codemod import FileEdit, Patch
 
-from patches.vllm.responses_stream.codemods import (
+from toolkit.patches.vllm.responses_stream.codemods import (
     BackgroundStreamEnd,
     ImportRuntime,
     NonStreamingItems,
@@ -23,5 +23,5 @@ PATCH = Patch(
         ),
     ),
     summary="Responses API streaming: reasoning, text and tool calls in any order, grammar-correct events",
-    runtime_modules=("patches.vllm.responses_stream.runtime",),
+    runtime_modules=("toolkit.patches.vllm.responses_stream.runtime",),
 )

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable
 
 from pydantic import BaseModel
 
-from patches.vllm.responses_stream.machine import Markers, ResponsesStream
+from toolkit.patches.vllm.responses_stream.machine import Markers, ResponsesStream
 
 PATCH_ID = "responses-stream"
 

@@ -4,7 +4,7 @@ It is vLLM's own CPU backend (``CPU_ATTN``) with a different ``forward``: same K
 layout, same cache write, same block tables and metadata, so everything around attention (the
 scheduler, chunked prefill, prefix caching, the KV manager) is unchanged. Causal decoder layers
 without a sliding window, ALiBi, sinks or soft-capping read each request's K/V back from the paged
-cache through its block table and run ``kernels.superlinear`` (the gather path on CPU, Triton on
+cache through its block table and run ``toolkit.kernels.superlinear`` (the gather path on CPU, Triton on
 CUDA tensors); every other layer (encoder, cross-attention, windowed layers) keeps vLLM's kernel.
 
 Runs inside vLLM's processes: imports vLLM, torch and the kernels, nothing of the patch engine.
@@ -28,14 +28,14 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from patches.common.superlinear.config import load_config
-from patches.vllm.superlinear.paged import (
+from toolkit.patches.common.superlinear.config import load_config
+from toolkit.patches.vllm.superlinear.paged import (
     layout_from_probe,
     read_blocks,
     read_positions,
     split_kv_cache,
 )
-from patches.common.superlinear.ragged import superlinear_ragged
+from toolkit.patches.common.superlinear.ragged import superlinear_ragged
 
 # A child of the "vllm" logger: vLLM configures handlers for its own namespace only.
 logger = init_logger("vllm.toolkit_superlinear")

@@ -11,11 +11,11 @@ The configuration is validated here, so a bad setting stops the server at start-
 
 from __future__ import annotations
 
-BACKEND_PATH = "patches.vllm.superlinear.backend.SuperlinearCPUBackend"
+BACKEND_PATH = "toolkit.patches.vllm.superlinear.backend.SuperlinearCPUBackend"
 
 
 def register() -> None:
-    from patches.common.superlinear.switch import backend_enabled
+    from toolkit.patches.common.superlinear.switch import backend_enabled
 
     if not backend_enabled():  # raises on a value it does not understand
         return
@@ -24,7 +24,7 @@ def register() -> None:
         register_backend,
     )
 
-    from patches.common.superlinear.config import load_config
+    from toolkit.patches.common.superlinear.config import load_config
 
     load_config()  # environment part; vLLM's additional config is checked when layers are built
     register_backend(AttentionBackendEnum.CUSTOM, BACKEND_PATH)

@@ -22,7 +22,7 @@ import libcst.matchers as m
 from toolkit.codemod import AnchoredTransformer
 
 RUNTIME = "_toolkit_tito"
-RUNTIME_IMPORT = f"from patches.vllm.tito import runtime as {RUNTIME}"
+RUNTIME_IMPORT = f"from toolkit.patches.vllm.tito import runtime as {RUNTIME}"
 
 
 class _TitoTransformer(AnchoredTransformer):

@@ -1,6 +1,6 @@
-"""The ``patches.vllm.tito`` patch declaration: what it rewrites, on which versions."""
+"""The ``toolkit.patches.vllm.tito`` patch declaration: what it rewrites, on which versions."""
 
-from patches.vllm.tito.codemods import OnlineRendererTransformer, ProtocolTransformer, ServingTransformer
+from toolkit.patches.vllm.tito.codemods import OnlineRendererTransformer, ProtocolTransformer, ServingTransformer
 from toolkit.codemod import FileEdit, Patch
 
 PATCH = Patch(
@@ -13,5 +13,5 @@ PATCH = Patch(
         FileEdit("entrypoints/openai/chat_completion/serving.py", (ServingTransformer,)),
     ),
     summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
-    runtime_modules=("patches.vllm.tito.runtime",),
+    runtime_modules=("toolkit.patches.vllm.tito.runtime",),
 )

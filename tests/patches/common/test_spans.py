@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from patches.common.spans import (
+from toolkit.patches.common.spans import (
     ALL_PROMPT,
     Span,
     SpanError,

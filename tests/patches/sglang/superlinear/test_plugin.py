@@ -24,8 +24,8 @@ except ImportError:
 write_result({
     "registered": "superlinear" in attention_registry.ATTENTION_BACKENDS,
     "choice": "superlinear" in choices.ATTENTION_BACKEND_CHOICES,
-    "ours_loaded": sorted(m for m in sys.modules if m.split(".")[0] == "kernels"
-                          or m.startswith(("patches.sglang.superlinear.backend", "patches.common.superlinear.config"))),
+    "ours_loaded": sorted(m for m in sys.modules if m.startswith("toolkit.kernels")
+                          or m.startswith(("toolkit.patches.sglang.superlinear.backend", "toolkit.patches.common.superlinear.config"))),
 })
 """
 

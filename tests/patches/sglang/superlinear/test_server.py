@@ -47,7 +47,7 @@ class Served:
 
 
 def serve(python: str, model: str, backend: str, env: dict[str, str]) -> Served:
-    from verify.server import EngineServer
+    from toolkit.verify.server import EngineServer
 
     covering, longs = covering_prompts(), long_prompts()
     with EngineServer("sglang", python, model, [*SERVER_ARGS, "--attention-backend", backend],

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.sglang.superlinear_backend.patch import PATCH
+from toolkit.patches.sglang.superlinear_backend.patch import PATCH
 from tests.harness.channel import WRITE_RESULT_SNIPPET, DriverRun, run_driver
 from tests.harness.fixtures import ensure_engine_python
 
@@ -56,7 +56,7 @@ def test_patched_0_5_9_offers_superlinear_and_revert_restores_it(tmp_path):
     try:
         patched = probe(python)
         assert patched.ok() == {
-            "registered": True, "factory": "patches.sglang.superlinear.plugin", "choice": True,
+            "registered": True, "factory": "toolkit.patches.sglang.superlinear.plugin", "choice": True,
             "cli": "superlinear", "triton": False,
         }
     finally:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.sglang.superlinear_backend.patch import PATCH
+from toolkit.patches.sglang.superlinear_backend.patch import PATCH
 from tests.harness.fixtures import ensure_source_tree
 from toolkit.errors import AnchorError
 from toolkit.transform import transform_or_raise
@@ -46,7 +46,7 @@ def test_registry_registers_superlinear_after_the_decorator_factory():
     ''')
     assert after == textwrap.dedent(f'''
         import logging
-        from patches.sglang.superlinear_backend import runtime as _toolkit_superlinear  {MARK}
+        from toolkit.patches.sglang.superlinear_backend import runtime as _toolkit_superlinear  {MARK}
 
         ATTENTION_BACKENDS = {{}}
 

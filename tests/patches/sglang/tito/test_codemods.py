@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from patches.sglang.tito.patch import PATCH
-from patches.sglang.token_ids.patch import PATCH as TOKEN_IDS
+from toolkit.patches.sglang.tito.patch import PATCH
+from toolkit.patches.sglang.token_ids.patch import PATCH as TOKEN_IDS
 from tests.harness.fixtures import ensure_source_tree
 from toolkit import engine
 from toolkit.errors import AnchorError
@@ -72,7 +72,7 @@ class ChatCompletionResponse(BaseModel):
 
 PROTOCOL_AFTER = '''
 import time
-from patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
+from toolkit.patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
 from typing import Any, Dict, List, Optional
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
@@ -192,7 +192,7 @@ class OpenAIServingChat(OpenAIServingBase):
 
 SERVING_AFTER_0_5_9 = '''
 import time
-from patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
+from toolkit.patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
 from sglang.srt.entrypoints.openai.protocol import MessageProcessingResult
 
 
@@ -261,7 +261,7 @@ class OpenAIServingChat(OpenAIServingBase):
 
 SERVING_AFTER_0_5_23 = '''
 import time
-from patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
+from toolkit.patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
 
 
 class OpenAIServingChat(OpenAIServingBase):

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from patches.sglang.tito import runtime
+from toolkit.patches.sglang.tito import runtime
 
 # --------------------------------------------------------------------------------------------------
 # normalize_request

@@ -44,7 +44,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
     from transformers import AutoTokenizer
 
     from toolkit import apply_patch, revert_patch
-    from verify.server import EngineServer
+    from toolkit.verify.server import EngineServer
 
     python = private_install(ensure_engine_python(f"sglang-{VERSION}"), tmp_path_factory.mktemp("tito-server"))
     model = ensure_tiny_model()

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from patches.sglang.token_ids.patch import PATCH
+from toolkit.patches.sglang.token_ids.patch import PATCH
 from tests.harness.fixtures import SHIM_DIR
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.sglang.token_ids.patch import PATCH
+from toolkit.patches.sglang.token_ids.patch import PATCH
 from tests.harness.fixtures import ensure_source_tree
 from toolkit.errors import AnchorError
 from toolkit.transform import transform_or_raise
@@ -65,7 +65,7 @@ class ChatCompletionResponse(BaseModel):
 
 PROTOCOL_AFTER = '''
 import time
-from patches.sglang.token_ids import runtime as _toolkit_token_ids  # toolkit:token-ids
+from toolkit.patches.sglang.token_ids import runtime as _toolkit_token_ids  # toolkit:token-ids
 from typing import Any, Dict, List, Optional
 
 from pydantic import BaseModel, Field, model_serializer
@@ -196,7 +196,7 @@ SERVING_AFTER_0_5_23 = '''
 from __future__ import annotations
 
 import time
-from patches.sglang.token_ids import runtime as _toolkit_token_ids  # toolkit:token-ids
+from toolkit.patches.sglang.token_ids import runtime as _toolkit_token_ids  # toolkit:token-ids
 
 from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase
 

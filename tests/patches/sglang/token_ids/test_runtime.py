@@ -17,7 +17,7 @@ from typing import Optional
 import pytest
 from pydantic import BaseModel, model_serializer
 
-from patches.sglang.token_ids import runtime
+from toolkit.patches.sglang.token_ids import runtime
 
 # --------------------------------------------------------------------------------------------------
 # a stand-in for SGLang's chat stream

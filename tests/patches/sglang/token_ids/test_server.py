@@ -55,7 +55,7 @@ def serve(python: str, model: str, *, ids: bool, env: dict[str, str] | None = No
     import httpx
     import openai
 
-    from verify.server import EngineServer
+    from toolkit.verify.server import EngineServer
 
     served = Served()
     with EngineServer("sglang", python, model, SERVER_ARGS, env={**sglang_env(), **(env or {})}, timeout=600) as server:

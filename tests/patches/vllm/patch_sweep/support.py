@@ -38,7 +38,7 @@ def sweep_server(model: str, env: dict[str, str] | None = None, log_path: Path |
     go after (and so override) SERVER_ARGS."""
     sys.path.insert(0, str(REPO))
     from tests.patches.vllm.responses_stream.support import venv_python
-    from verify.server import EngineServer
+    from toolkit.verify.server import EngineServer
 
     with patched_vllm() as overlay:
         server_env = {"PYTHONPATH": str(overlay), **SERVER_ENV, **(env or {})}

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from patches.vllm.patch_sweep.client import CapturedRun, PatchStudy, PatchStudyError, Span, SweepResult
+from toolkit.patches.vllm.patch_sweep.client import CapturedRun, PatchStudy, PatchStudyError, Span, SweepResult
 
 CAT = ("The cat sat on the mat.", "The dog sat on the mat.")
 
@@ -39,7 +39,7 @@ def test_builtin_png_has_one_square_per_cell(tmp_path):
     import struct
     import zlib
 
-    from patches.vllm.patch_sweep.client import _heatmap_png
+    from toolkit.patches.vllm.patch_sweep.client import _heatmap_png
 
     png = _heatmap_png([[0.0, 1.0], [None, 0.5]], cell=4)
     width, height = struct.unpack(">II", png[16:24])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from patches.vllm.patch_sweep import runtime
-from patches.vllm.patch_sweep.patch import PATCH
+from toolkit.patches.vllm.patch_sweep import runtime
+from toolkit.patches.vllm.patch_sweep.patch import PATCH
 from toolkit import engine
 from toolkit.errors import AnchorError
 from toolkit.sources import load_source
@@ -27,7 +27,7 @@ EDITS = {edit.relpath: edit for edit in PATCH.files}
 APP = "entrypoints/launchers/app.py"
 ENTRY = "entrypoints/launchers/api_server/entry.py"
 WORKER = "v1/worker/worker_base.py"
-IMPORT = "from patches.vllm.patch_sweep import runtime as _toolkit_patch_sweep  # toolkit:patch-sweep\n"
+IMPORT = "from toolkit.patches.vllm.patch_sweep import runtime as _toolkit_patch_sweep  # toolkit:patch-sweep\n"
 
 
 def transform(relpath: str, source: str, version: str = "0.32.0") -> str:
@@ -152,8 +152,8 @@ def test_anchor_found_twice_is_an_error():
 
 
 def test_runtime_imports_no_patch_engine_libcst_or_torch():
-    code = ("import sys; import patches.vllm.patch_sweep.runtime; "
-            "bad = [m for m in ('libcst', 'toolkit', 'torch', 'fastapi') if m in sys.modules]; "
+    code = ("import sys; import toolkit.patches.vllm.patch_sweep.runtime; "
+            "bad = [m for m in ('libcst', 'toolkit.engine', 'toolkit.codemod', 'torch', 'fastapi') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from patches.common.spans import prompt_char_offsets, resolve_positions
+from toolkit.patches.common.spans import prompt_char_offsets, resolve_positions
 from tests.patches.vllm.patch_sweep.reference import grid as reference_grid
 from tests.patches.vllm.patch_sweep.reference import measures
 

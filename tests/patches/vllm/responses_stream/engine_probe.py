@@ -18,7 +18,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
 
-from patches.vllm.responses_stream import runtime  # noqa: E402
+from toolkit.patches.vllm.responses_stream import runtime  # noqa: E402
 from tests.patches.vllm.responses_stream import support  # noqa: E402
 
 

@@ -69,7 +69,7 @@ def request_body(model: str, scenario: str, extra: dict | None = None, stream: b
 
 
 def _markers():
-    from patches.vllm.responses_stream.machine import Markers
+    from toolkit.patches.vllm.responses_stream.machine import Markers
 
     return Markers("<think>", "</think>", "<tool_call>", "</tool_call>")
 
@@ -78,7 +78,7 @@ def simulate(chunks: Sequence[str], finish_reason: str | None = "stop", *, marke
              **options: Any) -> tuple[list[dict], list[dict]]:
     """Feed ``chunks`` to a fresh ResponsesStream; the whole event stream (as vLLM would send it,
     lifecycle included) and the output items, as JSON dicts."""
-    from patches.vllm.responses_stream.machine import ResponsesStream
+    from toolkit.patches.vllm.responses_stream.machine import ResponsesStream
 
     stream = ResponsesStream(_markers() if markers == "default" else markers, **options)
     events: list[Any] = []
@@ -228,7 +228,7 @@ def play(base_url: str, model: str, scenario: str, extra: dict | None = None) ->
     import httpx
     import openai
 
-    from patches.vllm.responses_stream.grammar import parse_sse
+    from toolkit.patches.vllm.responses_stream.grammar import parse_sse
 
     with httpx.Client(base_url=base_url.rstrip("/") + "/v1", timeout=120) as http:
         with http.stream("POST", "/responses", json=request_body(model, scenario, extra, stream=True)) as response:
@@ -261,7 +261,7 @@ def play(base_url: str, model: str, scenario: str, extra: dict | None = None) ->
 
 def problems(case: str, run: CaseRun) -> list[str]:
     """Everything wrong with one case: grammar, client, stream vs non-stream, content."""
-    from patches.vllm.responses_stream.grammar import check_events, compare_outputs
+    from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
 
     found = [f"stream: {p}" for p in check_events(run.events)]
     if run.client_error:
@@ -284,7 +284,7 @@ def play_background(base_url: str, model: str, scenario: str, extra: dict | None
     """A background streaming request (the server needs VLLM_ENABLE_RESPONSES_API_STORE=1): its events."""
     import httpx
 
-    from patches.vllm.responses_stream.grammar import parse_sse
+    from toolkit.patches.vllm.responses_stream.grammar import parse_sse
 
     body = {**request_body(model, scenario, extra, stream=True), "background": True, "store": True}
     with httpx.Client(base_url=base_url.rstrip("/") + "/v1", timeout=httpx.Timeout(60, read=30)) as http:
@@ -312,7 +312,7 @@ def serve_and_play(model: str, patched: bool, log_path: Path | None = None,
                    version: str = "0.32.0") -> dict[str, CaseRun]:
     """Start one real vLLM ``version`` server (our private copy, patched or not), play every case, stop it."""
     sys.path.insert(0, str(REPO))
-    from verify.server import EngineServer
+    from toolkit.verify.server import EngineServer
 
     with private_vllm(patched, version=version) as overlay:
         env = {"PYTHONPATH": str(overlay), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}

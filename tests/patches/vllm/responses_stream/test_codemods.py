@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.vllm.responses_stream.patch import PATCH
+from toolkit.patches.vllm.responses_stream.patch import PATCH
 from toolkit import engine
 from toolkit.errors import AnchorError
 from toolkit.sources import load_source
@@ -70,7 +70,7 @@ BEFORE = textwrap.dedent('''\
 AFTER = textwrap.dedent('''\
     from vllm.exceptions import GenerationError
     from vllm.utils import as_list
-    from patches.vllm.responses_stream import runtime as _toolkit_rs  # toolkit:responses-stream
+    from toolkit.patches.vllm.responses_stream import runtime as _toolkit_rs  # toolkit:responses-stream
 
 
     class OpenAIServingResponses:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from patches.vllm.responses_stream.grammar import check_events, compare_outputs, parse_sse
+from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs, parse_sse
 from tests.patches.vllm.responses_stream.support import SCENARIOS, simulate
 
 
@@ -142,7 +142,7 @@ def test_failed_terminal_needs_its_error() -> None:
 
 
 def test_checker_accepts_pydantic_events() -> None:
-    from patches.vllm.responses_stream.machine import ResponsesStream
+    from toolkit.patches.vllm.responses_stream.machine import ResponsesStream
     from tests.patches.vllm.responses_stream.support import wrap
 
     stream = ResponsesStream()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.vllm.responses_stream.grammar import check_events, compare_outputs
+from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
 from tests.harness.channel import run_driver
 from tests.patches.vllm.responses_stream.support import CASES, EXPECTED, MODEL, REPO, summary, venv_python
 

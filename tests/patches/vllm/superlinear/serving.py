@@ -18,7 +18,7 @@ from dataclasses import dataclass
 FIRST_PLAIN_ID = 8
 VOCAB = 4096
 # The covering configuration of the server tests: W = 63, spans of 8*sqrt(t) both ways; every query
-# below 168 tokens attends its whole prefix (patches.common.superlinear.config.covering_length).
+# below 168 tokens attends its whole prefix (toolkit.patches.common.superlinear.config.covering_length).
 COVERING_ENV = {
     "TOOLKIT_ATTENTION_BACKEND": "superlinear",
     "TOOLKIT_SUPERLINEAR_SW_INDEX": "7",

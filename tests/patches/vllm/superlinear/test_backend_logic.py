@@ -12,21 +12,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernels.superlinear.api import superlinear_attention
-from patches.common.superlinear.config import (
+from toolkit.kernels.superlinear.api import superlinear_attention
+from toolkit.patches.common.superlinear.config import (
     SuperlinearConfig,
     SuperlinearConfigError,
     backend_enabled,
     covering_length,
     load_config,
 )
-from patches.vllm.superlinear.paged import (
+from toolkit.patches.vllm.superlinear.paged import (
     layout_from_probe,
     read_blocks,
     read_positions,
     split_kv_cache,
 )
-from patches.common.superlinear.ragged import decode_positions, superlinear_ragged
+from toolkit.patches.common.superlinear.ragged import decode_positions, superlinear_ragged
 
 HQ, HKV, D, BS = 4, 2, 32, 16
 COVERING = SuperlinearConfig(sw_index=7, backward_factor=8.0, forward_factor=8.0)
@@ -196,7 +196,7 @@ def test_decode_reads_only_stripes_window_and_spans():
     ref = superlinear_attention(q, q, k[None], v[None], torch.tensor([3999]), scale=D ** -0.5, impl="naive",
                                 **config.kernel_kwargs())
     torch.testing.assert_close(out[0:1], ref[0].transpose(0, 1).float(), atol=2e-5, rtol=2e-5)
-    from kernels.superlinear.spans import span_geometry
+    from toolkit.kernels.superlinear.spans import span_geometry
     before_spans = decode_positions(3999, span_geometry(config.params(), 4000)).numel()
     assert before_spans == (63 - 3) + 15  # stripes 4..63 (F(i) = i^2 <= 4000) and the 15-key window
     # + at most H_Q * topk spans of 2*ceil(2*sqrt(4000)) + 1 keys; far below the 4,000 a full read takes

@@ -21,15 +21,15 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 from vllm.v1.attention.backends.registry import AttentionBackendEnum as E
 # what the plugin pulled in: with the switch off, nothing of the kernels or the backend
-ours_loaded = sorted(m for m in sys.modules if m.split(".")[0] == "kernels" or m.startswith(
-    ("patches.vllm.superlinear.backend", "patches.common.superlinear.config", "patches.common.superlinear.ragged")))
+ours_loaded = sorted(m for m in sys.modules if m.startswith("toolkit.kernels") or m.startswith(
+    ("toolkit.patches.vllm.superlinear.backend", "toolkit.patches.common.superlinear.config", "toolkit.patches.common.superlinear.ragged")))
 try:
     custom = E.CUSTOM.get_path()
 except Exception as exc:  # CUSTOM unregistered: vLLM says so
     custom = "unregistered: " + type(exc).__name__
 cpu = E.CPU_ATTN.get_path()
 from vllm import _custom_ops as ops
-from patches.vllm.superlinear.paged import layout_from_probe, read_blocks, read_positions, split_kv_cache
+from toolkit.patches.vllm.superlinear.paged import layout_from_probe, read_blocks, read_positions, split_kv_cache
 reads = {}
 for isa in ("vec", "vec16"):
     for dtype in (torch.float32, torch.bfloat16):
@@ -51,7 +51,7 @@ import vllm
 write_result({"version": vllm.__version__, "cpu": cpu, "custom": custom, "reads": reads, "ours_loaded": ours_loaded})
 """
 
-OURS = "patches.vllm.superlinear.backend.SuperlinearCPUBackend"
+OURS = "toolkit.patches.vllm.superlinear.backend.SuperlinearCPUBackend"
 STOCK = "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackend"
 
 
@@ -84,7 +84,7 @@ def test_off_registers_nothing_and_imports_no_kernels(vllm_any, request):
 def test_on_overrides_cpu_attention_and_reads_the_real_cache_layouts(vllm_any):
     got = result(probe(vllm_any, TOOLKIT_ATTENTION_BACKEND="superlinear", TOOLKIT_SUPERLINEAR_TOPK="2"))
     assert got["cpu"] == OURS and got["custom"] == OURS
-    assert "patches.common.superlinear.config" in got["ours_loaded"]  # the settings were validated
+    assert "toolkit.patches.common.superlinear.config" in got["ours_loaded"]  # the settings were validated
     # vLLM's own cache write (keys of a block stored transposed by these ISAs) read back token by token.
     assert got["reads"] and all(got["reads"].values()), got["reads"]
 
@@ -100,7 +100,7 @@ def test_bad_settings_stop_vllm_at_plugin_load(vllm_any, env, message):
 
 ADDITIONAL = WRITE_RESULT_SNIPPET + r"""
 from vllm.config import VllmConfig, set_current_vllm_config
-from patches.vllm.superlinear import backend
+from toolkit.patches.vllm.superlinear import backend
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"topk": 2}})):
     write_result([backend.engine_config().topk, backend.engine_config().sw_index])
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"top_k": 2}})):

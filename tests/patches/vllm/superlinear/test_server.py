@@ -34,7 +34,7 @@ SERVER_ARGS = ["--max-model-len", "4096", "--max-num-batched-tokens", "256", "--
 
 
 def run(python: str, model: str, env: dict[str, str], extra_args: tuple[str, ...] = ()) -> dict:
-    from verify.server import EngineServer
+    from toolkit.verify.server import EngineServer
 
     with EngineServer("vllm", python, model, [*SERVER_ARGS, *extra_args], env=env, timeout=300) as server:
         url = server.base_url

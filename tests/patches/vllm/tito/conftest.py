@@ -23,7 +23,7 @@ class TitoServer:
     base_url: str
     model: str  # the model dir, also the served model name
     python: str
-    server: object  # verify.server.EngineServer
+    server: object  # toolkit.verify.server.EngineServer
 
     @property
     def openai_base_url(self) -> str:
@@ -39,7 +39,7 @@ def tito_server(request) -> Iterator[TitoServer]:
     """
     from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
     from toolkit import apply_patch, patch_status, revert_patch
-    from verify.server import EngineServer
+    from toolkit.verify.server import EngineServer
 
     python = ensure_engine_python(request.param)
     model = ensure_tiny_model()

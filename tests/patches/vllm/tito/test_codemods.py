@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.vllm.tito.patch import PATCH
+from toolkit.patches.vllm.tito.patch import PATCH
 from toolkit import engine
 from toolkit.errors import AnchorError
 from toolkit.sources import load_source
@@ -62,7 +62,7 @@ class ChatCompletionRequest(OpenAIBaseModel):
 '''
 PROTOCOL_AFTER = '''\
 import time
-from patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
 from typing import Any
 
 
@@ -117,7 +117,7 @@ def _reused_prompt_token_ids(
 '''
 RENDERER_AFTER = '''\
 import time
-from patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
 
 
 def _reused_prompt_token_ids(
@@ -155,7 +155,7 @@ class OpenAIServingChat(GenerateBaseServing):
 '''
 SERVING_AFTER = '''\
 import asyncio
-from patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
 
 
 class OpenAIServingChat(GenerateBaseServing):

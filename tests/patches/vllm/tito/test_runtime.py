@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from patches.vllm.tito import runtime
+from toolkit.patches.vllm.tito import runtime
 
 
 

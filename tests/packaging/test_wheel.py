@@ -1,0 +1,125 @@
+"""The built wheel, installed as a user would: into fresh venvs, beside the packages our users have.
+
+Builds the wheel once (from a copy of this checkout's files, so the checkout gets no build/ or
+egg-info), then:
+(a) beside Hugging Face's ``kernels==0.17.2`` and PyPI's ``verify`` (and transformers, which probes
+    kernels): the three distributions' RECORD files share no path, only ``toolkit`` lands at the top
+    level, and after uninstalling this project the other two still import and transformers'
+    ``is_kernels_available()`` answers as before;
+(b) a plain install (no extras): ``toolkit list``, ``status`` and ``verify --help`` work, and
+    ``toolkit verify`` says in one sentence which extra to install, exit 2;
+(c) ``--python`` into an environment without this project refuses and writes nothing.
+Needs PyPI (the machines reach it); each venv is built from nothing.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DIST = "serving-toolkit"
+pytestmark = [pytest.mark.packaging, pytest.mark.slow]
+
+
+def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    # Never from this checkout: its toolkit/ would shadow the installed one.
+    kwargs.setdefault("cwd", "/")
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900, **kwargs)
+
+
+def checked(cmd: list[str], **kwargs) -> subprocess.CompletedProcess:
+    proc = run(cmd, **kwargs)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    source = tmp_path_factory.mktemp("wheel-source")
+    files = checked(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO).stdout.split()
+    for relpath in files:
+        if (REPO / relpath).is_file():
+            (source / relpath).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / relpath, source / relpath)
+    out = tmp_path_factory.mktemp("wheel")
+    checked([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", out, source])
+    (built,) = out.glob("serving_toolkit-*.whl")
+    return built
+
+
+def new_venv(root: Path) -> Path:
+    checked([sys.executable, "-m", "venv", root])
+    return root / "bin" / "python"
+
+
+def site_packages(python: Path) -> Path:
+    return Path(checked([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+
+
+def record_paths(site: Path, dist: str) -> set[str]:
+    (info,) = [p for p in site.glob("*.dist-info") if p.name.lower().startswith(dist.lower().replace("-", "_") + "-")]
+    with open(info / "RECORD", newline="") as handle:
+        return {row[0] for row in csv.reader(handle) if row}
+
+
+KERNELS_PROBE = "from transformers.utils import is_kernels_available; import kernels, verify; print(is_kernels_available())"
+
+
+def test_beside_hf_kernels_and_pypi_verify_nothing_is_shared_or_lost(wheel, tmp_path):
+    python = new_venv(tmp_path / "venv")
+    checked([python, "-m", "pip", "install", "-q", "kernels==0.17.2", "verify", "transformers"])
+    before = checked([python, "-c", KERNELS_PROBE]).stdout.strip()
+    checked([python, "-m", "pip", "install", "-q", wheel])
+    site = site_packages(python)
+    ours, kernels, verify = (record_paths(site, d) for d in (DIST, "kernels", "verify"))
+    assert not ours & kernels and not ours & verify, sorted((ours & kernels) | (ours & verify))
+    top_level = {p.split("/")[0] for p in ours if not p.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top_level <= {"toolkit", "..", "bin"}, top_level  # console script lands under bin/ (../../bin)
+    assert "toolkit" in top_level
+    checked([python, "-c", "import toolkit.patches, toolkit.verify, toolkit.kernels"])
+    assert checked([python, "-c", KERNELS_PROBE]).stdout.strip() == before  # our install changed nothing there
+    checked([python, "-m", "pip", "uninstall", "-y", "-q", DIST])
+    assert checked([python, "-c", KERNELS_PROBE]).stdout.strip() == before
+    assert not (site / "toolkit").exists()
+
+
+def test_plain_install_lists_and_says_which_extra_verify_needs(wheel, tmp_path):
+    python = new_venv(tmp_path / "venv")
+    checked([python, "-m", "pip", "install", "-q", wheel])
+    toolkit = python.parent / "toolkit"
+    listed = json.loads(checked([toolkit, "list", "--json"]).stdout)
+    assert {row["id"] for row in listed} >= {"tito", "token-ids", "patch-sweep", "responses-stream"}
+    status = run([toolkit, "status", "--json"])
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    checked([toolkit, "verify", "--help"])
+    proc = run([toolkit, "verify", "--model", str(tmp_path), "--url", "http://127.0.0.1:9"])
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "pip install 'serving-toolkit[verify]'" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_python_into_an_environment_without_this_project_refuses_and_writes_nothing(wheel, tmp_path):
+    ours = new_venv(tmp_path / "ours")
+    checked([ours, "-m", "pip", "install", "-q", wheel])
+    other = new_venv(tmp_path / "engine")
+    # A stand-in engine (the real ones are tested elsewhere): an sglang 0.5.9 distribution's files.
+    site = site_packages(other)
+    (site / "sglang" / "srt").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    info = site / "sglang-0.5.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\n")
+    (info / "RECORD").write_text("")
+    before = sorted(str(p.relative_to(site)) for p in site.rglob("*"))
+    proc = run([ours.parent / "toolkit", "apply-patch", "--python", other, "--json"])
+    assert proc.returncode in (1, 2), (proc.returncode, proc.stdout, proc.stderr)
+    error = json.loads(proc.stdout)
+    assert "serving-toolkit" in error["error"] and "pip install" in error["error"], error
+    assert sorted(str(p.relative_to(site)) for p in site.rglob("*")) == before
