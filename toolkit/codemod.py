@@ -1,4 +1,4 @@
-"""What a patch is: an id, an engine, supported versions, and one libcst transformer per edited file.
+"""The codemod base: the libcst transformer every patch edit builds on (declarations: ``toolkit.declare``).
 
 A patch module declares a :class:`Patch`; the patch engine (``toolkit.engine``) knows nothing of any
 one patch. Each transformer subclasses :class:`AnchoredTransformer`, matches engine code by structure
@@ -9,29 +9,13 @@ whole apply with the file, the anchor and the engine version named.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Mapping
 
 import libcst as cst
 import libcst.matchers as m
-from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
 
-ENGINES = ("vllm", "sglang")
-
-
-@dataclass(frozen=True)
-class PatchContext:
-    """What a transformer may know about the file it edits."""
-
-    patch_id: str
-    engine: str
-    engine_version: str
-    relpath: str
-
-    @property
-    def version(self) -> Version:
-        return Version(self.engine_version)
+from toolkit.declare import ENGINES, FileEdit, Patch, PatchContext  # noqa: F401 (the names patches import)
 
 
 class AnchoredTransformer(cst.CSTTransformer):
@@ -103,42 +87,3 @@ class AnchorResult:
         if self.count == 0:
             return "not found"
         return f"found {self.count} times, expected exactly once"
-
-
-@dataclass(frozen=True)
-class FileEdit:
-    """One engine file (path relative to the engine's package dir) and the transformers that edit it."""
-
-    relpath: str
-    transformers: Sequence[Callable[[PatchContext], AnchoredTransformer]]
-
-
-@dataclass(frozen=True)
-class Patch:
-    id: str
-    engine: str
-    versions: Sequence[str]  # any-of: ("==0.5.9", "==0.5.23") or (">=0.32,<0.34",)
-    files: Sequence[FileEdit]
-    summary: str
-    runtime_modules: Sequence[str] = field(default_factory=tuple)
-
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"patch {self.id}: unknown engine {self.engine!r}")
-        if isinstance(self.versions, str):
-            raise TypeError(f"patch {self.id}: versions must be a sequence of specifiers")
-        for spec in self.versions:
-            SpecifierSet(spec)  # validate early: a bad specifier is a bug in the patch
-
-    @property
-    def versions_text(self) -> str:
-        return " or ".join(self.versions)
-
-    def supports(self, version: str) -> bool:
-        """Whether ``version`` is in the list; a version that is not PEP 440 (``0.5.15.custom-build``)
-        is in no list (``--allow-unknown-version`` still tries it)."""
-        try:
-            parsed = Version(version)
-        except InvalidVersion:
-            return False
-        return any(SpecifierSet(spec).contains(parsed, prereleases=True) for spec in self.versions)

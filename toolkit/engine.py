@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from toolkit import fs
-from toolkit.codemod import FileEdit, Patch
+from toolkit.declare import FileEdit, Patch
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import CorruptManifest, DriftError, PatchError, UsageError, io_error
 from toolkit.sources import SourceTree
 from toolkit.state import (FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, remove_stale_bytecode, sha256_bytes,
                            sha256_file)
 from toolkit.version import __version__
-from toolkit.transform import FileTransform, run_transformers, transform_or_raise
 
 NOT_APPLIED = "not applied"
 APPLIED = "applied"
@@ -199,6 +198,8 @@ def _wanted_contents(
         for patch, edit in edits_by_file.get(relpath, []):
             if not ids:
                 text = _decode(patch, relpath, original, engine)
+            from toolkit.transform import transform_or_raise  # libcst: only when a file is rewritten
+
             text = transform_or_raise(patch, edit, text, engine.version).after
             ids.append(patch.id)
         wanted[relpath] = text.encode("utf-8") if ids else original
@@ -666,6 +667,8 @@ def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> 
     By default the patches that declare the tree's version (what ``apply-patch`` would apply); when
     none does (porting to a new version), every patch for the engine. Named patches are always checked.
     """
+    from toolkit.transform import run_transformers  # libcst
+
     results = []
     candidates = patches_for(source.engine, patch_ids)
     if not patch_ids and any(p.supports(source.version) for p in candidates):
@@ -684,7 +687,7 @@ def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> 
                 errors.append(f"{edit.relpath}: not UTF-8 text ({exc})")
                 continue
             try:
-                outcome: FileTransform = run_transformers(patch, edit, text, source.version)
+                outcome = run_transformers(patch, edit, text, source.version)
             except PatchError as exc:
                 errors.append(str(exc))
                 continue

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import libcst as cst
 from packaging.version import InvalidVersion
 
-from toolkit.codemod import AnchorResult, FileEdit, Patch, PatchContext
+from toolkit.codemod import AnchorResult
+from toolkit.declare import FileEdit, Patch, PatchContext
 from toolkit.errors import AnchorError, PatchError
 
 
@@ -42,7 +43,7 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
             f"({patch.engine} {engine_version}); it is patched already, not patching it twice"
         )
     anchors: list[tuple[str, AnchorResult]] = []
-    for make_transformer in edit.transformers:
+    for make_transformer in edit.load_transformers():
         try:
             transformer = make_transformer(context)
             module = module.visit(transformer)

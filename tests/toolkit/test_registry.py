@@ -25,6 +25,15 @@ def test_every_patch_package_is_registered():
     assert len(ids) == len(set(ids))
 
 
+def test_every_transformer_a_patch_names_loads():
+    from toolkit.codemod import AnchoredTransformer
+
+    for patch in all_patches():
+        for edit in patch.files:
+            loaded = edit.load_transformers()
+            assert loaded and all(issubclass(t, AnchoredTransformer) for t in loaded), (patch.id, edit.relpath)
+
+
 def _fake_distribution(site: Path, name: str, entry_points: str) -> None:
     info = site / f"{name.replace('-', '_')}-1.0.dist-info"
     info.mkdir(parents=True)

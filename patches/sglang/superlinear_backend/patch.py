@@ -4,21 +4,19 @@ SGLang 0.5.23 gets the same backend from its plugin entry point (``toolkit.patch
 and needs no patch.
 """
 
-from toolkit.patches.sglang.superlinear_backend.codemods import (
-    ChoicesTransformer,
-    RegistryTransformer,
-    SupportTritonTransformer,
-)
-from toolkit.codemod import FileEdit, Patch
+from toolkit.declare import FileEdit, Patch
+
+# Transformers by name: the codemods (libcst) load only when a file is rewritten.
+CODEMODS = "toolkit.patches.sglang.superlinear_backend.codemods"
 
 PATCH = Patch(
     id="superlinear-backend",
     engine="sglang",
     versions=("==0.5.9",),
     files=(
-        FileEdit("srt/layers/attention/attention_registry.py", (RegistryTransformer,)),
-        FileEdit("srt/server_args.py", (ChoicesTransformer,)),
-        FileEdit("srt/utils/common.py", (SupportTritonTransformer,)),
+        FileEdit("srt/layers/attention/attention_registry.py", (f"{CODEMODS}:RegistryTransformer",)),
+        FileEdit("srt/server_args.py", (f"{CODEMODS}:ChoicesTransformer",)),
+        FileEdit("srt/utils/common.py", (f"{CODEMODS}:SupportTritonTransformer",)),
     ),
     summary="--attention-backend superlinear (superlinear attention over the token KV pool, CPU included)",
     runtime_modules=("toolkit.patches.sglang.superlinear_backend.runtime",),

@@ -1,15 +1,17 @@
 """The ``toolkit.patches.sglang.tito`` patch declaration: what it rewrites, on which versions."""
 
-from toolkit.patches.sglang.tito.codemods import ProtocolTransformer, ServingChatTransformer
-from toolkit.codemod import FileEdit, Patch
+from toolkit.declare import FileEdit, Patch
+
+# Transformers by name: the codemods (libcst) load only when a file is rewritten.
+CODEMODS = "toolkit.patches.sglang.tito.codemods"
 
 PATCH = Patch(
     id="tito",
     engine="sglang",
     versions=("==0.5.9", "==0.5.23"),
     files=(
-        FileEdit("srt/entrypoints/openai/protocol.py", (ProtocolTransformer,)),
-        FileEdit("srt/entrypoints/openai/serving_chat.py", (ServingChatTransformer,)),
+        FileEdit("srt/entrypoints/openai/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
+        FileEdit("srt/entrypoints/openai/serving_chat.py", (f"{CODEMODS}:ServingChatTransformer",)),
     ),
     summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
     runtime_modules=("toolkit.patches.sglang.tito.runtime",),

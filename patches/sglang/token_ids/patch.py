@@ -1,15 +1,17 @@
 """The ``toolkit.patches.sglang.token_ids`` patch declaration: what it rewrites, on which versions."""
 
-from toolkit.patches.sglang.token_ids.codemods import ProtocolTransformer, ServingChatTransformer
-from toolkit.codemod import FileEdit, Patch
+from toolkit.declare import FileEdit, Patch
+
+# Transformers by name: the codemods (libcst) load only when a file is rewritten.
+CODEMODS = "toolkit.patches.sglang.token_ids.codemods"
 
 PATCH = Patch(
     id="token-ids",
     engine="sglang",
     versions=("==0.5.9", "==0.5.23"),
     files=(
-        FileEdit("srt/entrypoints/openai/protocol.py", (ProtocolTransformer,)),
-        FileEdit("srt/entrypoints/openai/serving_chat.py", (ServingChatTransformer,)),
+        FileEdit("srt/entrypoints/openai/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
+        FileEdit("srt/entrypoints/openai/serving_chat.py", (f"{CODEMODS}:ServingChatTransformer",)),
     ),
     summary="prompt_token_ids and per-choice token_ids on chat completions, streaming included",
     runtime_modules=("toolkit.patches.sglang.token_ids.runtime",),

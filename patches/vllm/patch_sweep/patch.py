@@ -1,16 +1,18 @@
 """The ``toolkit.patches.vllm.patch_sweep`` patch declaration: what it rewrites, on which versions."""
 
-from toolkit.patches.vllm.patch_sweep.codemods import AppTransformer, EntryTransformer, WorkerWrapperTransformer
-from toolkit.codemod import FileEdit, Patch
+from toolkit.declare import FileEdit, Patch
+
+# Transformers by name: the codemods (libcst) load only when a file is rewritten.
+CODEMODS = "toolkit.patches.vllm.patch_sweep.codemods"
 
 PATCH = Patch(
     id="patch-sweep",
     engine="vllm",
     versions=(">=0.32,<0.34",),
     files=(
-        FileEdit("entrypoints/launchers/app.py", (AppTransformer,)),
-        FileEdit("entrypoints/launchers/api_server/entry.py", (EntryTransformer,)),
-        FileEdit("v1/worker/worker_base.py", (WorkerWrapperTransformer,)),
+        FileEdit("entrypoints/launchers/app.py", (f"{CODEMODS}:AppTransformer",)),
+        FileEdit("entrypoints/launchers/api_server/entry.py", (f"{CODEMODS}:EntryTransformer",)),
+        FileEdit("v1/worker/worker_base.py", (f"{CODEMODS}:WorkerWrapperTransformer",)),
     ),
     summary="activation-patching sweeps served by vLLM (TOOLKIT_ENABLE_PATCHING=1): /v1/patch_runs, /v1/patch_sweep",
     runtime_modules=(

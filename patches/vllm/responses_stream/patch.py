@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from toolkit.codemod import FileEdit, Patch
+from toolkit.declare import FileEdit, Patch
 
-from toolkit.patches.vllm.responses_stream.codemods import (
-    BackgroundStreamEnd,
-    ImportRuntime,
-    NonStreamingItems,
-    ReplaceSimpleStreaming,
-    TerminalEvents,
-)
+# Transformers by name: the codemods (libcst) load only when a file is rewritten.
+CODEMODS = "toolkit.patches.vllm.responses_stream.codemods"
+
 
 PATCH = Patch(
     id="responses-stream",
@@ -19,7 +15,7 @@ PATCH = Patch(
     files=(
         FileEdit(
             "entrypoints/openai/responses/serving.py",
-            (ImportRuntime, ReplaceSimpleStreaming, NonStreamingItems, TerminalEvents, BackgroundStreamEnd),
+            (f"{CODEMODS}:ImportRuntime", f"{CODEMODS}:ReplaceSimpleStreaming", f"{CODEMODS}:NonStreamingItems", f"{CODEMODS}:TerminalEvents", f"{CODEMODS}:BackgroundStreamEnd"),
         ),
     ),
     summary="Responses API streaming: reasoning, text and tool calls in any order, grammar-correct events",

@@ -1,16 +1,18 @@
 """The ``toolkit.patches.vllm.tito`` patch declaration: what it rewrites, on which versions."""
 
-from toolkit.patches.vllm.tito.codemods import OnlineRendererTransformer, ProtocolTransformer, ServingTransformer
-from toolkit.codemod import FileEdit, Patch
+from toolkit.declare import FileEdit, Patch
+
+# Transformers by name: the codemods (libcst) load only when a file is rewritten.
+CODEMODS = "toolkit.patches.vllm.tito.codemods"
 
 PATCH = Patch(
     id="tito",
     engine="vllm",
     versions=(">=0.32,<0.34",),
     files=(
-        FileEdit("entrypoints/openai/chat_completion/protocol.py", (ProtocolTransformer,)),
-        FileEdit("renderers/online_renderer.py", (OnlineRendererTransformer,)),
-        FileEdit("entrypoints/openai/chat_completion/serving.py", (ServingTransformer,)),
+        FileEdit("entrypoints/openai/chat_completion/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
+        FileEdit("renderers/online_renderer.py", (f"{CODEMODS}:OnlineRendererTransformer",)),
+        FileEdit("entrypoints/openai/chat_completion/serving.py", (f"{CODEMODS}:ServingTransformer",)),
     ),
     summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
     runtime_modules=("toolkit.patches.vllm.tito.runtime",),
