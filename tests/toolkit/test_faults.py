@@ -82,8 +82,10 @@ class Injector:
 
 @pytest.fixture(autouse=True)
 def memoized_codemods(monkeypatch):
+    import toolkit.transform
+
     cache: dict = {}
-    real = engine.transform_or_raise
+    real = toolkit.transform.transform_or_raise
 
     def transform(patch, edit, source, version):
         key = (patch.id, edit.relpath, source, version)
@@ -91,7 +93,7 @@ def memoized_codemods(monkeypatch):
             cache[key] = real(patch, edit, source, version)
         return cache[key]
 
-    monkeypatch.setattr(engine, "transform_or_raise", transform)
+    monkeypatch.setattr(toolkit.transform, "transform_or_raise", transform)  # the engine imports it per call
 
 
 @pytest.fixture
