@@ -24,7 +24,7 @@ from toolkit.errors import DriftError, PatchError, UsageError, io_error
 from toolkit.sources import load_source
 
 STATE_STYLE = {"applied": "green", "not applied": "dim", "partial": "yellow", "drifted": "red",
-               "in progress": "cyan", "patched, no manifest": "red"}
+               "in progress": "cyan", "patched, no manifest": "red", "runtime missing": "red"}
 
 
 class _Parser(argparse.ArgumentParser):

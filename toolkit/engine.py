@@ -29,6 +29,9 @@ APPLIED = "applied"
 PARTIAL = "partial"
 DRIFTED = "drifted"
 IN_PROGRESS = "in progress"  # another run holds the lock: its files are in flight, not broken
+# Patched, but the engine's interpreter cannot import this project's runtime at this version (it was
+# uninstalled or upgraded without a revert): the patched engine would fail at start-up.
+RUNTIME_MISSING = "runtime missing"
 NO_MANIFEST = "patched, no manifest"  # the files carry the patch's marker; the manifest is gone or unreadable
 
 DEFAULT_LOCK_TIMEOUT = 60.0
@@ -596,6 +599,12 @@ def status(engine: InstalledEngine) -> list[PatchState]:
                 detail = f"the backup of {', '.join(lost)} is missing or altered, so revert cannot restore it; {RECOVER}"
         if holder is not None and state not in (APPLIED, NOT_APPLIED):
             state, detail = IN_PROGRESS, f"in progress (pid {holder})"
+        if state == APPLIED and patch.runtime_modules and engine.toolkit_version not in (None, __version__):
+            found = f"serving-toolkit {engine.toolkit_version}" if engine.toolkit_version else "no serving-toolkit"
+            state = RUNTIME_MISSING
+            detail = (f"{engine.python} has {found}, and the patched files import {__version__}'s runtime: the "
+                      f"engine will not start; `{engine.python} -m pip install 'serving-toolkit=={__version__}'` "
+                      f"there, or `toolkit revert {engine.engine} --python {engine.python}`")
         rows.append(
             PatchState(engine.engine, engine.distribution, engine.version, patch.id, state,
                        patch.supports(engine.version), files, detail)

@@ -116,3 +116,25 @@ def test_reinstall_of_the_same_release_is_drifted_not_partial(site, capsys):
     assert rows["demo"].state == "drifted" and "reinstalled" in rows["demo"].detail
     assert run(capsys, "apply-patch", "--patch", "demo")[0] == 0
     assert states(site)["demo"] == "applied"
+
+
+def test_status_says_when_the_engine_cannot_import_our_runtime(tmp_path, monkeypatch):
+    """A patched engine whose environment lost this project (``pip uninstall`` without a revert): status
+    says so, names both ways out, and exits 1; with the runtime there at this version it is ``applied``."""
+    import dataclasses
+
+    from tests.toolkit import demo_patches
+    from toolkit import engine
+    from toolkit.sources import load_source
+    from toolkit.version import __version__
+
+    with_runtime = dataclasses.replace(demo_patches.DEMO, runtime_modules=("demo.runtime",))
+    monkeypatch.setattr(engine, "registry", lambda: [with_runtime])
+    site = demo_patches.make_engine_tree(tmp_path / "site")
+    installed = load_source(site).as_installed()
+    engine.apply(installed, ["demo"])
+    states = {r.patch_id: r.state for r in engine.status(dataclasses.replace(installed, toolkit_version=__version__))}
+    assert states == {"demo": "applied"}
+    (row,) = engine.status(dataclasses.replace(installed, toolkit_version=""))
+    assert row.state == "runtime missing"
+    assert "no serving-toolkit" in row.detail and "pip install" in row.detail and "toolkit revert" in row.detail
