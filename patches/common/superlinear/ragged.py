@@ -23,6 +23,7 @@ from toolkit.kernels.superlinear.api import (
     superlinear_decode,
     superlinear_search,
 )
+from toolkit.kernels.superlinear.paged import decode_positions, span_positions
 from toolkit.patches.common.superlinear.config import SuperlinearConfig
 
 # fetch_kv(r, n) -> (k, v), each [H_KV, >= n, D]: the first n cached tokens of request r, in order.
@@ -56,23 +57,6 @@ def superlinear_ragged(query: torch.Tensor, query_start: Sequence[int], seq_lens
     if decodes:
         _decode(query, query_start, seq_lens, decodes, read_kv, config, scale, out, kwargs)
     return out
-
-
-def decode_positions(position: int, geometry) -> torch.Tensor:
-    """Keys a decode query at ``position`` reads before its spans are known: its stripes (the search
-    candidates) and its window, ascending."""
-    stripes = int(geometry.stripe_count[position])
-    cand = position + 1 - geometry.stripe_distance[:stripes]
-    window = torch.arange(max(0, position - geometry.window + 1), position + 1)
-    return torch.cat([cand.flip(0), window])
-
-
-def span_positions(span_start: torch.Tensor, span_end: torch.Tensor) -> torch.Tensor:
-    """Every key inside the selected spans ``[start, end]`` (inclusive; empty when end < start)."""
-    lo, hi = span_start.reshape(-1), span_end.reshape(-1)
-    keep = hi >= lo
-    parts = [torch.arange(a, b + 1) for a, b in zip(lo[keep].tolist(), hi[keep].tolist())]
-    return torch.unique(torch.cat(parts)) if parts else torch.zeros(0, dtype=torch.int64)
 
 
 def _decode(query, query_start, seq_lens, rows, read_kv, config, scale, out, kwargs) -> None:
