@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,12 +199,19 @@ def _wanted_contents(
     for relpath, original in originals.items():
         ids: list[str] = []
         text = ""
-        for patch, edit in edits_by_file.get(relpath, []):
+        edits = edits_by_file.get(relpath, [])
+        for index, (patch, edit) in enumerate(edits):
             if not ids:
                 text = _decode(patch, relpath, original, engine)
-            from toolkit.transform import transform_or_raise  # libcst: only when a file is rewritten
+            # libcst: only when a file is rewritten
+            from toolkit.guard import backup_relative_to, guard_module
+            from toolkit.transform import transform_or_raise
 
-            text = transform_or_raise(patch, edit, text, engine.version).after
+            finish = None
+            if index == len(edits) - 1:  # last: guard the runtime imports (a patched engine without us starts)
+                backup = backup_relative_to(_engine_file(engine, relpath), state.backup_path(relpath))
+                finish = functools.partial(guard_module, engine=engine.engine, backup=backup)
+            text = transform_or_raise(patch, edit, text, engine.version, finish).after
             ids.append(patch.id)
         wanted[relpath] = text.encode("utf-8") if ids else original
         patch_ids[relpath] = ids
@@ -600,11 +608,15 @@ def status(engine: InstalledEngine) -> list[PatchState]:
         if holder is not None and state not in (APPLIED, NOT_APPLIED):
             state, detail = IN_PROGRESS, f"in progress (pid {holder})"
         if state == APPLIED and patch.runtime_modules and engine.toolkit_version not in (None, __version__):
-            found = f"serving-toolkit {engine.toolkit_version}" if engine.toolkit_version else "no serving-toolkit"
             state = RUNTIME_MISSING
-            detail = (f"{engine.python} has {found}, and the patched files import {__version__}'s runtime: the "
-                      f"engine will not start; `{engine.python} -m pip install 'serving-toolkit=={__version__}'` "
-                      f"there, or `toolkit revert {engine.engine} --python {engine.python}`")
+            fix = (f"`{engine.python} -m pip install 'serving-toolkit=={__version__}'` there, or "
+                   f"`toolkit revert {engine.engine} --python {engine.python}`")
+            if engine.toolkit_version:
+                detail = (f"{engine.python} has serving-toolkit {engine.toolkit_version}, but the patched files were "
+                          f"written for {__version__}'s runtime; {fix}")
+            else:
+                detail = (f"{engine.python} has no serving-toolkit importable: the patched files run as the release "
+                          f"wrote them (the patches are off, with a warning at start-up); {fix}")
         rows.append(
             PatchState(engine.engine, engine.distribution, engine.version, patch.id, state,
                        patch.supports(engine.version), files, detail)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Callable
 
 import libcst as cst
 from packaging.version import InvalidVersion
@@ -26,8 +27,13 @@ class FileTransform:
         return all(result.ok for _, result in self.anchors)
 
 
-def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: str) -> FileTransform:
-    """Apply every transformer of ``edit`` in order and record each anchor; never raises on anchors."""
+Finish = Callable[[cst.Module], cst.Module]
+
+
+def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: str,
+                     finish: Finish | None = None) -> FileTransform:
+    """Apply every transformer of ``edit`` in order and record each anchor; never raises on anchors.
+    ``finish`` rewrites the result last (the patch engine guards the runtime imports with it)."""
     context = PatchContext(patch.id, patch.engine, engine_version, edit.relpath)
     try:
         module = cst.parse_module(source)
@@ -54,12 +60,15 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
                 "nothing was written"
             ) from None
         anchors.extend((type(transformer).__name__, result) for result in transformer.anchor_report())
+    if finish is not None:
+        module = finish(module)
     return FileTransform(patch.id, edit.relpath, source, module.code, anchors)
 
 
-def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version: str) -> FileTransform:
+def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version: str,
+                       finish: Finish | None = None) -> FileTransform:
     """Like :func:`run_transformers`, but a missing anchor or a result that does not compile raises."""
-    result = run_transformers(patch, edit, source, engine_version)
+    result = run_transformers(patch, edit, source, engine_version, finish)
     for transformer_name, anchor in result.anchors:
         if not anchor.ok:
             raise AnchorError(

@@ -9,6 +9,7 @@ reorders ``sys.path`` or a real, unloadable ``sgl_kernel`` is installed. Then it
 
 import importlib.util
 import os
+import runpy
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,14 +27,7 @@ def _bind_stub() -> None:
 
 
 def _chain() -> None:
-    for entry in sys.path:
-        candidate = os.path.join(entry or os.getcwd(), "sitecustomize.py")
-        if os.path.abspath(os.path.dirname(candidate)) == _HERE or not os.path.isfile(candidate):
-            continue
-        spec = importlib.util.spec_from_file_location("_toolkit_chained_sitecustomize", candidate)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return
+    runpy.run_path(os.path.join(_HERE, "chain_sitecustomize.py"))["run_next"](_HERE)
 
 
 _bind_stub()

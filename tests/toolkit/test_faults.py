@@ -87,10 +87,10 @@ def memoized_codemods(monkeypatch):
     cache: dict = {}
     real = toolkit.transform.transform_or_raise
 
-    def transform(patch, edit, source, version):
-        key = (patch.id, edit.relpath, source, version)
+    def transform(patch, edit, source, version, finish=None):
+        key = (patch.id, edit.relpath, source, version, tuple(sorted(getattr(finish, "keywords", {}).items())))
         if key not in cache:
-            cache[key] = real(patch, edit, source, version)
+            cache[key] = real(patch, edit, source, version, finish)
         return cache[key]
 
     monkeypatch.setattr(toolkit.transform, "transform_or_raise", transform)  # the engine imports it per call
