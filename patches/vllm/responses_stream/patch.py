@@ -15,7 +15,7 @@ PATCH = Patch(
     files=(
         FileEdit(
             "entrypoints/openai/responses/serving.py",
-            (f"{CODEMODS}:ImportRuntime", f"{CODEMODS}:ReplaceSimpleStreaming", f"{CODEMODS}:NonStreamingItems", f"{CODEMODS}:TerminalEvents", f"{CODEMODS}:BackgroundStreamEnd"),
+            (f"{CODEMODS}:ServingTransformer",),
         ),
     ),
     summary="Responses API streaming: reasoning, text and tool calls in any order, grammar-correct events",

@@ -66,8 +66,8 @@ BEFORE = textwrap.dedent('''\
 
 AFTER = textwrap.dedent('''\
     from vllm.exceptions import GenerationError
-    from vllm.utils import as_list
     from toolkit.patches.vllm.responses_stream import runtime as _toolkit_rs  # toolkit:responses-stream
+    from vllm.utils import as_list
 
 
     class OpenAIServingResponses:
