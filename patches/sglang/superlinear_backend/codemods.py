@@ -15,45 +15,44 @@ import libcst.matchers as m
 from toolkit.codemod import AnchoredTransformer
 
 RUNTIME = "_toolkit_superlinear"
-RUNTIME_IMPORT = f"from toolkit.patches.sglang.superlinear_backend import runtime as {RUNTIME}"
 NAME = "superlinear"
 
-
-def _top_level_def(name: str) -> m.FunctionDef:
-    return m.FunctionDef(name=m.Name(name))
+CHOICES = m.SimpleStatementLine(body=[m.Assign(
+    targets=[m.AssignTarget(target=m.Name("ATTENTION_BACKEND_CHOICES"))], value=m.List())])
 
 
 class RegistryTransformer(AnchoredTransformer):
     """srt/layers/attention/attention_registry.py."""
 
+    RUNTIME, RUNTIME_ALIAS = "toolkit.patches.sglang.superlinear_backend", RUNTIME
+    INSIDE: dict = {}  # module level only
     ANCHORS = {
-        "runtime-import": "the module's first import (ours goes after it)",
         "register_attention_backend": "def register_attention_backend at module level (ours is registered after it)",
     }
 
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+    @m.leave(m.Module())
+    def register_after_the_factory(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body: list[cst.BaseStatement] = []
         for statement in updated_node.body:
             body.append(statement)
-            if m.matches(statement, _top_level_def("register_attention_backend")):
+            if m.matches(statement, m.FunctionDef(name=m.Name("register_attention_backend"))):
                 self.hit("register_attention_backend")
                 body.append(self.marked_statement(f"register_attention_backend({RUNTIME}.NAME)({RUNTIME}.create)"))
-        module = updated_node.with_changes(body=body)
-        return self.insert_after_first_import(module, RUNTIME_IMPORT, "runtime-import")
+        return updated_node.with_changes(body=body)
 
 
 class ChoicesTransformer(AnchoredTransformer):
     """srt/server_args.py."""
 
+    INSIDE: dict = {}  # module level only
     ANCHORS = {"ATTENTION_BACKEND_CHOICES": "the module-level ATTENTION_BACKEND_CHOICES = [...] list"}
 
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        choices = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name("ATTENTION_BACKEND_CHOICES"))],
-                                                       value=m.List())])
+    @m.leave(m.Module())
+    def add_the_choice(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         body: list[cst.BaseStatement] = []
         for statement in updated_node.body:
             body.append(statement)
-            if m.matches(statement, choices):
+            if m.matches(statement, CHOICES):
                 self.hit("ATTENTION_BACKEND_CHOICES")
                 body.append(self.marked_statement(f'ATTENTION_BACKEND_CHOICES.append("{NAME}")'))
         return updated_node.with_changes(body=body)
@@ -62,12 +61,11 @@ class ChoicesTransformer(AnchoredTransformer):
 class SupportTritonTransformer(AnchoredTransformer):
     """srt/utils/common.py."""
 
+    INSIDE: dict = {}  # module level only (the edit takes the function whole)
     ANCHORS = {"support_triton": "def support_triton(backend) at module level"}
 
-    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        if not m.matches(updated_node, m.FunctionDef(name=m.Name("support_triton"),
-                                                     params=m.Parameters(params=[m.Param(name=m.Name())]))):
-            return updated_node
+    @m.leave(m.FunctionDef(name=m.Name("support_triton"), params=m.Parameters(params=[m.Param(name=m.Name())])))
+    def not_for_superlinear(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         self.hit("support_triton")
         arg = updated_node.params.params[0].name.value
         guard = self.marked_statement(f'if {arg} == "{NAME}": return False')
