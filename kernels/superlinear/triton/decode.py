@@ -22,9 +22,19 @@ import triton
 import triton.language as tl
 
 from ..spans import SuperlinearParams, key_start, normalize_key_mask, normalize_positions, span_geometry
-from .common import block_dim, key_mask_arg
-from .merge import merge_span
-from .search import NO_ANCHOR_BASE
+from .common import (
+    block_dim,
+    decode_part_range,
+    empty_row_softmax,
+    empty_topk_row,
+    insert_block_best,
+    key_mask_arg,
+    load_query_row,
+    merge_span,
+    row_softmax_step,
+    store_split_partial,
+    store_topk,
+)
 
 BLOCK_S = 64  # stripes scored per step
 BLOCK_K = 64  # keys per step of the span kernel
@@ -46,14 +56,9 @@ def _decode_search_kernel(
     h = pid % H
     kvh = h // G
     pos = tl.load(POS + b)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < DIM
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + d * stride_qd,
-                mask=d_ok, other=0.0).to(tl.float32)
+    q, d, d_ok = load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D)
     k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
-    slot = tl.arange(0, KPAD)
-    ts = tl.where(slot < TOPK, float("-inf"), float("inf"))
-    ta = NO_ANCHOR_BASE - slot
+    slot, ts, ta = empty_topk_row(KPAD, TOPK)
     n = tl.load(COUNT + pos)
     for j0 in range(0, n, BLOCK_S):
         js = j0 + tl.arange(0, BLOCK_S)
@@ -65,23 +70,8 @@ def _decode_search_kernel(
         kr = tl.load(k_ptr + a[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd,
                      mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         s = tl.where(ok, tl.sum(q[None, :] * kr, 1), float("-inf"))
-        # Move the block's k best into the set, one at a time (best of block, ties: farther anchor).
-        for r in tl.static_range(TOPK):
-            best = tl.max(s, 0)
-            best_anchor = tl.min(tl.where(ok & (s == best), a, 2147483647), 0)
-            worst = tl.min(ts, 0)
-            worst_anchor = tl.max(tl.where(ts == worst, ta, -2147483647), 0)
-            better = (best_anchor != 2147483647) & ((best > worst) | ((best == worst) & (best_anchor < worst_anchor)))
-            replace = (ts == worst) & (ta == worst_anchor) & better
-            ts = tl.where(replace, best, ts)
-            ta = tl.where(replace, best_anchor, ta)
-            taken = a == best_anchor
-            ok = ok & (~taken)
-            s = tl.where(taken, float("-inf"), s)
-    found = ta >= 0
-    out = pid.to(tl.int64) * TOPK + slot
-    tl.store(ANCHOR + out, tl.where(found, ta, -1), mask=slot < TOPK)
-    tl.store(SCORE + out, tl.where(found, ts, float("-inf")), mask=slot < TOPK)
+        ts, ta = insert_block_best(ts, ta, s, a, ok, TOPK)
+    store_topk(ANCHOR, SCORE, pid.to(tl.int64) * TOPK + slot, slot < TOPK, ts, ta)
 
 
 @triton.jit
@@ -102,27 +92,11 @@ def _decode_span_kernel(
     kvh = h // G
     pos = tl.load(POS + b)
     first = tl.load(START + b)
-    # Span of anchor `part` (exact integer tables), or the window for part == TOPK.
-    a = tl.load(ANCHOR + pid * TOPK + tl.minimum(part, TOPK - 1))
-    a = tl.where(part < TOPK, a, -1)
-    seen = tl.minimum(tl.maximum(pos + 1 - first, 0), MAX_T)
-    span_lo = tl.maximum(a - tl.load(BACK + seen), first)
-    span_hi = tl.minimum(a + tl.load(FWD + seen), pos - WINDOW)
-    span_hi = tl.where(a >= 0, span_hi, span_lo - 1)
-    lo = tl.where(part < TOPK, span_lo, tl.maximum(pos - WINDOW + 1, 0))
-    hi = tl.where(part < TOPK, span_hi, pos)
-    lo = lo + split * SPLIT
-    hi = tl.minimum(hi, lo + SPLIT - 1)
-
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < DIM
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + d * stride_qd,
-                mask=d_ok, other=0.0).to(tl.float32)
+    lo, hi = decode_part_range(ANCHOR, BACK, FWD, pid, part, split, pos, first, WINDOW, MAX_T, SPLIT, TOPK)
+    q, d, d_ok = load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D)
     k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
     v_ptr = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
-    m_i = tl.max(tl.full([BLOCK_K], float("-inf"), tl.float32), 0)  # fp32 scalars (loop-carried)
-    l_i = tl.sum(tl.zeros([BLOCK_K], tl.float32), 0)
-    acc = tl.zeros([BLOCK_D], tl.float32)
+    m_i, l_i, acc = empty_row_softmax(BLOCK_K, BLOCK_D)
     for k0 in range(lo, hi + 1, BLOCK_K):
         kpos = k0 + tl.arange(0, BLOCK_K)
         k_ok = kpos <= hi
@@ -132,19 +106,8 @@ def _decode_span_kernel(
                      mask=k_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         vt = tl.load(v_ptr + kpos[:, None].to(tl.int64) * stride_vl + d[None, :] * stride_vd,
                      mask=k_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.where(k_ok, tl.sum(q[None, :] * kt, 1) * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_use)
-        alpha = tl.exp(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = acc * alpha + tl.sum(p[:, None] * vt, 0)
-        m_i = m_new
-    has = l_i > 0
-    lse = tl.where(has, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    slot = (pid.to(tl.int64) * (TOPK + 1) + part) * N_SPLIT + split
-    tl.store(PART_LSE + slot, lse)
-    tl.store(PART_OUT + slot * DIM + d, acc / tl.where(has, l_i, 1.0), mask=d_ok)
+        m_i, l_i, acc = row_softmax_step(m_i, l_i, acc, q, kt, vt, k_ok, scale)
+    store_split_partial(PART_LSE, PART_OUT, pid, part, split, N_SPLIT, DIM, d, d_ok, m_i, l_i, acc, TOPK)
 
 
 @triton.jit
@@ -200,6 +163,16 @@ def _decode_merge_kernel(
              out.to(OUT.dtype.element_ty), mask=d_ok[None, :])
 
 
+def decode_splits(params: SuperlinearParams, max_seq_len: int) -> tuple[int, int]:
+    """(n_split, keys per split) for the longest span or window a query below ``max_seq_len`` can
+    have: host tables only, so the grid is static."""
+    host_geo = span_geometry(params, max_seq_len)
+    longest = max(host_geo.max_span_len(max_seq_len), host_geo.window, 1)
+    n_split = triton.cdiv(longest, SPLIT_KEYS)
+    split = triton.cdiv(triton.cdiv(longest, n_split), BLOCK_K) * BLOCK_K
+    return n_split, split
+
+
 def triton_superlinear_decode(q1, q2, k, v, cache_position, attention_mask=None,
                               params: SuperlinearParams | None = None, scale: float | None = None,
                               return_search: bool = False):
@@ -231,10 +204,7 @@ def triton_superlinear_decode(q1, q2, k, v, cache_position, attention_mask=None,
 
     # Static split sizes from the cache length: the longest possible span or window (read from the
     # host copy of the tables: no device synchronisation, so the step can be graph-captured).
-    host_geo = span_geometry(params, key_len)
-    longest = max(host_geo.max_span_len(key_len), host_geo.window, 1)
-    n_split = triton.cdiv(longest, SPLIT_KEYS)
-    split = triton.cdiv(triton.cdiv(longest, n_split), BLOCK_K) * BLOCK_K
+    n_split, split = decode_splits(params, key_len)
     part_lse = torch.empty((batch * heads * (topk + 1) * n_split,), dtype=torch.float32, device=device)
     part_out = torch.empty((batch * heads * (topk + 1) * n_split, dim), dtype=torch.float32, device=device)
     _decode_span_kernel[(batch * heads, topk + 1, n_split)](

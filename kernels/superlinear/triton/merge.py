@@ -12,22 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import block_dim, interpreting
-
-
-@triton.jit
-def merge_span(acc, gate_sum, score_max, anchor, score, span_lse, span_out, win_lse, win_out):
-    """Add one span's gated contribution (rows of a block) to ``acc``."""
-    valid = anchor >= 0
-    g = tl.where(valid, tl.exp(score - score_max), 0.0)
-    top = tl.maximum(span_lse, win_lse)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    a_span = tl.exp(span_lse - top)
-    a_win = tl.exp(win_lse - top)
-    den = a_span + a_win
-    c = g / tl.where(den > 0, den, 1.0)
-    acc = acc + (c * a_span)[:, None] * span_out + (c * a_win)[:, None] * win_out
-    return acc, gate_sum + g
+from .common import block_dim, gate_rows, interpreting
 
 
 @triton.jit
@@ -46,22 +31,8 @@ def _merge_kernel(
     idx = pid_bh.to(tl.int64) * LQ + rows
     win_lse = tl.load(WIN_LSE + idx, mask=row_ok, other=float("-inf"))
     win_out = tl.load(WIN_OUT + idx[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
-    score_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-    for j in tl.static_range(TOPK):
-        a = tl.load(ANCHOR + idx * TOPK + j, mask=row_ok, other=-1)
-        sc = tl.load(SCORE + idx * TOPK + j, mask=row_ok, other=float("-inf"))
-        score_max = tl.maximum(score_max, tl.where(a >= 0, sc, float("-inf")))
-    score_max = tl.where(score_max == float("-inf"), 0.0, score_max)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-    gate_sum = tl.zeros([BLOCK_Q], tl.float32)
-    for j in tl.static_range(TOPK):
-        pair = idx * TOPK + j
-        a = tl.load(ANCHOR + pair, mask=row_ok, other=-1)
-        sc = tl.load(SCORE + pair, mask=row_ok, other=float("-inf"))
-        sl = tl.load(SPAN_LSE + pair, mask=row_ok, other=float("-inf"))
-        so = tl.load(SPAN_OUT + pair[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
-        acc, gate_sum = merge_span(acc, gate_sum, score_max, a, sc, sl, so, win_lse, win_out)
-    out = tl.where((gate_sum > 0)[:, None], acc / tl.where(gate_sum > 0, gate_sum, 1.0)[:, None], win_out)
+    out = gate_rows(ANCHOR, SCORE, SPAN_LSE, SPAN_OUT, idx, TOPK, row_ok, d, io_mask, win_lse, win_out, DIM,
+                    TOPK, BLOCK_Q, BLOCK_D)
     b = pid_bh // H
     h = pid_bh % H
     tl.store(OUT + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh

@@ -32,6 +32,15 @@ def paged_offsets(BT, table_base, kpos, ok, d, PERM, stride_block, stride_token,
     return block[:, None] * stride_block + inner
 
 
+@triton.jit
+def decode_request(SEQ_LEN, REQ_ROW, stride_bt, pid, H, G):
+    """(request, query head, KV head, query position, block-table row offset) of decode program ``pid``
+    (one per (request, query head)); a request with ``seq_len == 0`` gets position -1."""
+    b = pid // H
+    h = pid % H
+    return b, h, h // G, tl.load(SEQ_LEN + b) - 1, tl.load(REQ_ROW + b).to(tl.int64) * stride_bt
+
+
 def cache_args(kv, which: str) -> tuple:
     """(cache tensor, permutation table or a dummy, strides block/head/token/dim, has_perm) for one
     of ``"key"`` / ``"value"`` of a ``PagedKV``."""

@@ -24,10 +24,19 @@ import triton
 import triton.language as tl
 
 from ..spans import span_geometry
-from .common import block_dim
-from .decode import BLOCK_K, BLOCK_S, SPLIT_KEYS, _decode_merge_kernel
-from .paged_common import cache_args, paged_offsets
-from .search import NO_ANCHOR_BASE
+from .common import (
+    block_dim,
+    decode_part_range,
+    empty_row_softmax,
+    empty_topk_row,
+    insert_block_best,
+    load_query_row,
+    row_softmax_step,
+    store_split_partial,
+    store_topk,
+)
+from .decode import BLOCK_K, BLOCK_S, _decode_merge_kernel, decode_splits
+from .paged_common import cache_args, decode_request, paged_offsets
 
 
 @triton.jit
@@ -41,19 +50,10 @@ def _paged_decode_search_kernel(
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    b = pid // H
-    h = pid % H
-    kvh = h // G
-    pos = tl.load(SEQ_LEN + b) - 1
-    table_base = tl.load(REQ_ROW + b).to(tl.int64) * stride_bt
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < DIM
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + d * stride_qd,
-                mask=d_ok, other=0.0).to(tl.float32)
+    b, h, kvh, pos, table_base = decode_request(SEQ_LEN, REQ_ROW, stride_bt, pid, H, G)
+    q, d, d_ok = load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D)
     k_head = K + kvh.to(tl.int64) * stride_k_head
-    slot = tl.arange(0, KPAD)
-    ts = tl.where(slot < TOPK, float("-inf"), float("inf"))
-    ta = NO_ANCHOR_BASE - slot
+    slot, ts, ta = empty_topk_row(KPAD, TOPK)
     n = tl.where(pos >= 0, tl.load(COUNT + tl.maximum(pos, 0)), 0)
     for j0 in range(0, n, BLOCK_S):
         js = j0 + tl.arange(0, BLOCK_S)
@@ -64,23 +64,8 @@ def _paged_decode_search_kernel(
                              DIM, BLOCK_SIZE, K_HAS_PERM)
         kr = tl.load(k_head + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
         s = tl.where(ok, tl.sum(q[None, :] * kr, 1), float("-inf"))
-        # Move the block's k best into the set, one at a time (best of block, ties: farther anchor).
-        for r in tl.static_range(TOPK):
-            best = tl.max(s, 0)
-            best_anchor = tl.min(tl.where(ok & (s == best), a, 2147483647), 0)
-            worst = tl.min(ts, 0)
-            worst_anchor = tl.max(tl.where(ts == worst, ta, -2147483647), 0)
-            better = (best_anchor != 2147483647) & ((best > worst) | ((best == worst) & (best_anchor < worst_anchor)))
-            replace = (ts == worst) & (ta == worst_anchor) & better
-            ts = tl.where(replace, best, ts)
-            ta = tl.where(replace, best_anchor, ta)
-            taken = a == best_anchor
-            ok = ok & (~taken)
-            s = tl.where(taken, float("-inf"), s)
-    found = ta >= 0
-    out = pid.to(tl.int64) * TOPK + slot
-    tl.store(ANCHOR + out, tl.where(found, ta, -1), mask=slot < TOPK)
-    tl.store(SCORE + out, tl.where(found, ts, float("-inf")), mask=slot < TOPK)
+        ts, ta = insert_block_best(ts, ta, s, a, ok, TOPK)
+    store_topk(ANCHOR, SCORE, pid.to(tl.int64) * TOPK + slot, slot < TOPK, ts, ta)
 
 
 @triton.jit
@@ -97,33 +82,13 @@ def _paged_decode_span_kernel(
     pid = tl.program_id(0)
     part = tl.program_id(1)
     split = tl.program_id(2)
-    b = pid // H
-    h = pid % H
-    kvh = h // G
-    pos = tl.load(SEQ_LEN + b) - 1
-    table_base = tl.load(REQ_ROW + b).to(tl.int64) * stride_bt
-    # Span of anchor `part` (exact integer tables; no left padding in a serving cache: s = 0), or
-    # the window for part == TOPK.
-    a = tl.load(ANCHOR + pid * TOPK + tl.minimum(part, TOPK - 1))
-    a = tl.where(part < TOPK, a, -1)
-    seen = tl.minimum(tl.maximum(pos + 1, 0), MAX_T)
-    span_lo = tl.maximum(a - tl.load(BACK + seen), 0)
-    span_hi = tl.minimum(a + tl.load(FWD + seen), pos - WINDOW)
-    span_hi = tl.where(a >= 0, span_hi, span_lo - 1)
-    lo = tl.where(part < TOPK, span_lo, tl.maximum(pos - WINDOW + 1, 0))
-    hi = tl.where(part < TOPK, span_hi, pos)
-    lo = lo + split * SPLIT
-    hi = tl.minimum(hi, lo + SPLIT - 1)
-
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < DIM
-    q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh + d * stride_qd,
-                mask=d_ok, other=0.0).to(tl.float32)
+    b, h, kvh, pos, table_base = decode_request(SEQ_LEN, REQ_ROW, stride_bt, pid, H, G)
+    # No left padding in a serving cache: the first real key is 0.
+    lo, hi = decode_part_range(ANCHOR, BACK, FWD, pid, part, split, pos, 0, WINDOW, MAX_T, SPLIT, TOPK)
+    q, d, d_ok = load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D)
     k_head = K + kvh.to(tl.int64) * stride_k_head
     v_head = V + kvh.to(tl.int64) * stride_v_head
-    m_i = tl.max(tl.full([BLOCK_K], float("-inf"), tl.float32), 0)  # fp32 scalars (loop-carried)
-    l_i = tl.sum(tl.zeros([BLOCK_K], tl.float32), 0)
-    acc = tl.zeros([BLOCK_D], tl.float32)
+    m_i, l_i, acc = empty_row_softmax(BLOCK_K, BLOCK_D)
     for k0 in range(lo, hi + 1, BLOCK_K):
         kpos = k0 + tl.arange(0, BLOCK_K)
         k_ok = kpos <= hi
@@ -134,29 +99,8 @@ def _paged_decode_span_kernel(
                                stride_v_dim, DIM, BLOCK_SIZE, V_HAS_PERM)
         kt = tl.load(k_head + k_offs, mask=kd_ok, other=0.0).to(tl.float32)
         vt = tl.load(v_head + v_offs, mask=kd_ok, other=0.0).to(tl.float32)
-        s = tl.where(k_ok, tl.sum(q[None, :] * kt, 1) * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_use)
-        alpha = tl.exp(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = acc * alpha + tl.sum(p[:, None] * vt, 0)
-        m_i = m_new
-    has = l_i > 0
-    lse = tl.where(has, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
-    slot = (pid.to(tl.int64) * (TOPK + 1) + part) * N_SPLIT + split
-    tl.store(PART_LSE + slot, lse)
-    tl.store(PART_OUT + slot * DIM + d, acc / tl.where(has, l_i, 1.0), mask=d_ok)
-
-
-def decode_splits(params, max_seq_len: int) -> tuple[int, int]:
-    """(n_split, keys per split) for the longest span or window a query below ``max_seq_len`` can
-    have: host tables only, so the grid is static."""
-    host_geo = span_geometry(params, max_seq_len)
-    longest = max(host_geo.max_span_len(max_seq_len), host_geo.window, 1)
-    n_split = triton.cdiv(longest, SPLIT_KEYS)
-    split = triton.cdiv(triton.cdiv(longest, n_split), BLOCK_K) * BLOCK_K
-    return n_split, split
+        m_i, l_i, acc = row_softmax_step(m_i, l_i, acc, q, kt, vt, k_ok, scale)
+    store_split_partial(PART_LSE, PART_OUT, pid, part, split, N_SPLIT, DIM, d, d_ok, m_i, l_i, acc, TOPK)
 
 
 def triton_superlinear_decode_paged(q1: torch.Tensor, q2: torch.Tensor, kv, params, scale: float | None,

@@ -29,11 +29,20 @@ import triton.language as tl
 
 from ..spans import span_bounds, span_geometry
 from ..tiling import build_span_tiles
-from .common import block_dim, dot_precision, finish_softmax, interpreting, online_softmax_step
-from .merge import merge_span
+from .common import (
+    block_dim,
+    dot_precision,
+    empty_topk,
+    gate_rows,
+    group_rows,
+    insert_group_candidates,
+    interpreting,
+    masked_tile_step,
+    store_pair_partials,
+    store_topk,
+)
 from .paged_common import cache_args, paged_offsets
 from .prefill import _canonical_order
-from .search import NO_ANCHOR_BASE, topk_insert
 
 
 @triton.jit
@@ -55,20 +64,12 @@ def _paged_search_kernel(
     t_ok = tokens < T
     qpos = tl.load(POS + tokens, mask=t_ok, other=-1)
     table_base = tl.load(TOKEN_ROW + tokens, mask=t_ok, other=0).to(tl.int64) * stride_bt
-    r = tl.arange(0, GP * BLOCK_Q)
-    g = r // BLOCK_Q
-    rows = pid_q * BLOCK_Q + r % BLOCK_Q
-    row_ok = (rows < T) & (g < G)
-    h = kvh * G + g
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < DIM
+    rows, row_ok, h, d, d_ok = group_rows(pid_q, kvh, T, G, DIM, GP, BLOCK_Q, BLOCK_D)
     q = tl.load(Q + rows[:, None].to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
                 + d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     k_head = K + kvh.to(tl.int64) * stride_k_head
 
-    slot = tl.arange(0, KPAD)
-    ts = tl.where(slot[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([GP * BLOCK_Q, KPAD], tl.float32)
-    ta = (NO_ANCHOR_BASE - slot[None, :]) + tl.zeros([GP * BLOCK_Q, KPAD], tl.int32)
+    slot, ts, ta = empty_topk(GP * BLOCK_Q, KPAD, TOPK)
     n = tl.load(COUNT + tl.max(tl.maximum(qpos, 0), 0))
     for j in range(0, n):
         a_q = qpos + 1 - tl.load(STRIPE + j)
@@ -76,17 +77,10 @@ def _paged_search_kernel(
         offs = paged_offsets(BT, table_base, a_q, ok_q, d, K_PERM, stride_k_block, stride_k_token, stride_k_dim,
                              DIM, BLOCK_SIZE, K_HAS_PERM)
         kr = tl.load(k_head + offs, mask=ok_q[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        k_rows = tl.reshape(tl.broadcast_to(kr[None, :, :], (GP, BLOCK_Q, BLOCK_D)), (GP * BLOCK_Q, BLOCK_D))
-        a = tl.reshape(tl.broadcast_to(a_q[None, :], (GP, BLOCK_Q)), (GP * BLOCK_Q,))
-        ok = tl.reshape(tl.broadcast_to(ok_q[None, :], (GP, BLOCK_Q)), (GP * BLOCK_Q,)) & row_ok
-        s = tl.sum(q * k_rows, 1)
-        ts, ta = topk_insert(ts, ta, s, a, ok)
+        ts, ta = insert_group_candidates(ts, ta, q, kr, a_q, ok_q, row_ok, GP, BLOCK_Q, BLOCK_D)
 
     out = (h[:, None].to(tl.int64) * T + rows[:, None]) * TOPK + slot[None, :]
-    store_ok = row_ok[:, None] & (slot[None, :] < TOPK)
-    found = ta >= 0
-    tl.store(ANCHOR + out, tl.where(found, ta, -1), mask=store_ok)
-    tl.store(SCORE + out, tl.where(found, ts, float("-inf")), mask=store_ok)
+    store_topk(ANCHOR, SCORE, out, row_ok[:, None] & (slot[None, :] < TOPK), ts, ta)
 
 
 @triton.jit
@@ -138,13 +132,8 @@ def _paged_span_tile_kernel(
                                stride_v_dim, DIM, BLOCK_SIZE, V_HAS_PERM)
         kt = tl.load(k_head + k_offs, mask=kd_ok, other=0.0).to(q.dtype)
         vt = tl.load(v_head + v_offs, mask=kd_ok, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(kt), input_precision=DOT_PRECISION) * scale
-        allowed = k_ok[None, :] & (kpos[None, :] >= lo[:, None]) & (kpos[None, :] <= hi[:, None])
-        s = tl.where(allowed, s, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, vt, DOT_PRECISION)
-    lse, out = finish_softmax(m_i, l_i, acc)
-    tl.store(LSE + ids, lse, mask=ok)
-    tl.store(OUT + ids[:, None].to(tl.int64) * DIM + d[None, :], out, mask=ok[:, None] & d_ok[None, :])
+        m_i, l_i, acc = masked_tile_step(m_i, l_i, acc, q, kt, vt, kpos, k_ok, lo, hi, scale, DOT_PRECISION)
+    store_pair_partials(LSE, OUT, ids, ok, d, d_ok, DIM, m_i, l_i, acc)
 
 
 @triton.jit
@@ -166,22 +155,8 @@ def _paged_merge_kernel(
     win = idx * (TOPK + 1) + TOPK
     win_lse = tl.load(LSE + win, mask=row_ok, other=float("-inf"))
     win_out = tl.load(PART_OUT + win[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
-    score_max = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-    for j in tl.static_range(TOPK):
-        a = tl.load(ANCHOR + idx * TOPK + j, mask=row_ok, other=-1)
-        sc = tl.load(SCORE + idx * TOPK + j, mask=row_ok, other=float("-inf"))
-        score_max = tl.maximum(score_max, tl.where(a >= 0, sc, float("-inf")))
-    score_max = tl.where(score_max == float("-inf"), 0.0, score_max)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-    gate_sum = tl.zeros([BLOCK_Q], tl.float32)
-    for j in tl.static_range(TOPK):
-        a = tl.load(ANCHOR + idx * TOPK + j, mask=row_ok, other=-1)
-        sc = tl.load(SCORE + idx * TOPK + j, mask=row_ok, other=float("-inf"))
-        pair = idx * (TOPK + 1) + j
-        sl = tl.load(LSE + pair, mask=row_ok, other=float("-inf"))
-        so = tl.load(PART_OUT + pair[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)
-        acc, gate_sum = merge_span(acc, gate_sum, score_max, a, sc, sl, so, win_lse, win_out)
-    out = tl.where((gate_sum > 0)[:, None], acc / tl.where(gate_sum > 0, gate_sum, 1.0)[:, None], win_out)
+    out = gate_rows(ANCHOR, SCORE, LSE, PART_OUT, idx, TOPK + 1, row_ok, d, io_mask, win_lse, win_out, DIM,
+                    TOPK, BLOCK_Q, BLOCK_D)
     tl.store(OUT + rows[:, None].to(tl.int64) * stride_ot + h.to(tl.int64) * stride_oh + d[None, :] * stride_od,
              out.to(OUT.dtype.element_ty), mask=io_mask)
 

@@ -16,22 +16,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import block_dim, interpreting, key_mask_arg
-
-NO_ANCHOR_BASE = -1  # empty slots hold distinct anchors -1, -2, ... so exactly one is "worst"
-
-
-@triton.jit
-def topk_insert(ts, ta, s, a, ok):
-    """Insert candidates (s, a) (one per row, where ``ok``) into the per-row sets ``ts``/``ta``."""
-    worst = tl.min(ts, 1)
-    worst_anchor = tl.max(tl.where(ts == worst[:, None], ta, -2147483647), 1)
-    better = ok & ((s > worst) | ((s == worst) & (a < worst_anchor)))
-    replace = (ts == worst[:, None]) & (ta == worst_anchor[:, None]) & better[:, None]
-    ts = tl.where(replace, s[:, None], ts)
-    ta = tl.where(replace, a[:, None], ta)
-    return ts, ta
-
+from .common import (
+    block_dim,
+    empty_topk,
+    group_rows,
+    insert_group_candidates,
+    interpreting,
+    key_mask_arg,
+    store_topk,
+)
 
 @triton.jit
 def _search_kernel(
@@ -54,22 +47,13 @@ def _search_kernel(
     qrows = pid_q * BLOCK_Q + i
     q_ok = qrows < LQ
     qpos = tl.load(POS + b * stride_pb + qrows, mask=q_ok, other=-1)
-    r = tl.arange(0, GP * BLOCK_Q)
-    g = r // BLOCK_Q
-    rows = pid_q * BLOCK_Q + r % BLOCK_Q
-    row_ok = (rows < LQ) & (g < G)
-    h = kvh * G + g
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < DIM
+    rows, row_ok, h, d, d_ok = group_rows(pid_q, kvh, LQ, G, DIM, GP, BLOCK_Q, BLOCK_D)
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h[:, None].to(tl.int64) * stride_qh
                 + rows[:, None].to(tl.int64) * stride_ql + d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
 
-    slot = tl.arange(0, KPAD)
-    # Slots beyond TOPK hold +inf so they are never the worst; empty slots -inf with distinct anchors.
-    ts = tl.where(slot[None, :] < TOPK, float("-inf"), float("inf")) + tl.zeros([GP * BLOCK_Q, KPAD], tl.float32)
-    ta = (NO_ANCHOR_BASE - slot[None, :]) + tl.zeros([GP * BLOCK_Q, KPAD], tl.int32)
+    slot, ts, ta = empty_topk(GP * BLOCK_Q, KPAD, TOPK)
     n = tl.load(COUNT + tl.max(qpos, 0))
     for j in range(0, n):
         dist = tl.load(STRIPE + j)
@@ -79,17 +63,10 @@ def _search_kernel(
             ok_q = ok_q & (tl.load(KEY_MASK + b * stride_mb + a_q, mask=ok_q, other=0) != 0)
         kr = tl.load(k_ptr + a_q[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd,
                      mask=ok_q[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        k_rows = tl.reshape(tl.broadcast_to(kr[None, :, :], (GP, BLOCK_Q, BLOCK_D)), (GP * BLOCK_Q, BLOCK_D))
-        a = tl.reshape(tl.broadcast_to(a_q[None, :], (GP, BLOCK_Q)), (GP * BLOCK_Q,))
-        ok = tl.reshape(tl.broadcast_to(ok_q[None, :], (GP, BLOCK_Q)), (GP * BLOCK_Q,)) & row_ok
-        s = tl.sum(q * k_rows, 1)
-        ts, ta = topk_insert(ts, ta, s, a, ok)
+        ts, ta = insert_group_candidates(ts, ta, q, kr, a_q, ok_q, row_ok, GP, BLOCK_Q, BLOCK_D)
 
     out = ((b * H + h[:, None]).to(tl.int64) * LQ + rows[:, None]) * TOPK + slot[None, :]
-    store_ok = row_ok[:, None] & (slot[None, :] < TOPK)
-    found = ta >= 0
-    tl.store(ANCHOR + out, tl.where(found, ta, -1), mask=store_ok)
-    tl.store(SCORE + out, tl.where(found, ts, float("-inf")), mask=store_ok)
+    store_topk(ANCHOR, SCORE, out, row_ok[:, None] & (slot[None, :] < TOPK), ts, ta)
 
 
 def search(q1: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, key_mask: torch.Tensor | None,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import block_dim, dot_precision, finish_softmax, interpreting, key_mask_arg, online_softmax_step
+from .common import block_dim, dot_precision, interpreting, key_mask_arg, masked_tile_step, store_pair_partials
 
 
 @triton.jit
@@ -64,13 +64,8 @@ def _span_tile_kernel(
                      mask=k_ok[:, None] & d_ok[None, :], other=0.0)
         vt = tl.load(v_ptr + kpos[:, None].to(tl.int64) * stride_vl + d[None, :] * stride_vd,
                      mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(kt), input_precision=DOT_PRECISION) * scale
-        allowed = k_ok[None, :] & (kpos[None, :] >= lo[:, None]) & (kpos[None, :] <= hi[:, None])
-        s = tl.where(allowed, s, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(m_i, l_i, acc, s, vt, DOT_PRECISION)
-    lse, out = finish_softmax(m_i, l_i, acc)
-    tl.store(LSE + ids, lse, mask=ok)
-    tl.store(OUT + ids[:, None].to(tl.int64) * DIM + d[None, :], out, mask=ok[:, None] & d_ok[None, :])
+        m_i, l_i, acc = masked_tile_step(m_i, l_i, acc, q, kt, vt, kpos, k_ok, lo, hi, scale, DOT_PRECISION)
+    store_pair_partials(LSE, OUT, ids, ok, d, d_ok, DIM, m_i, l_i, acc)
 
 
 def tile_config(dim: int) -> tuple[int, int]:
