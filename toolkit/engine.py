@@ -13,6 +13,7 @@ import difflib
 import functools
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -25,15 +26,33 @@ from toolkit.state import (FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, r
                            sha256_file)
 from toolkit.version import __version__
 
-NOT_APPLIED = "not applied"
-APPLIED = "applied"
-PARTIAL = "partial"
-DRIFTED = "drifted"
-IN_PROGRESS = "in progress"  # another run holds the lock: its files are in flight, not broken
-# Patched, but the engine's interpreter cannot import this project's runtime at this version (it was
-# uninstalled or upgraded without a revert): the patched engine would fail at start-up.
-RUNTIME_MISSING = "runtime missing"
-NO_MANIFEST = "patched, no manifest"  # the files carry the patch's marker; the manifest is gone or unreadable
+class PatchStateName(str, Enum):
+    """A patch's state in ``status``; its value is what the CLI and ``--json`` show."""
+
+    NOT_APPLIED = "not applied"
+    APPLIED = "applied"
+    PARTIAL = "partial"  # an apply or revert was interrupted
+    DRIFTED = "drifted"
+    IN_PROGRESS = "in progress"  # another run holds the lock: its files are in flight, not broken
+    # Patched, but the engine's interpreter cannot import this project's runtime at this version (it
+    # was uninstalled or upgraded without a revert): the engine runs the release's files, with a warning.
+    RUNTIME_MISSING = "runtime missing"
+    NO_MANIFEST = "patched, no manifest"  # the files carry the patch's marker; the manifest is gone or unreadable
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+NOT_APPLIED = PatchStateName.NOT_APPLIED
+APPLIED = PatchStateName.APPLIED
+PARTIAL = PatchStateName.PARTIAL
+DRIFTED = PatchStateName.DRIFTED
+IN_PROGRESS = PatchStateName.IN_PROGRESS
+RUNTIME_MISSING = PatchStateName.RUNTIME_MISSING
+NO_MANIFEST = PatchStateName.NO_MANIFEST
 
 DEFAULT_LOCK_TIMEOUT = 60.0
 
@@ -94,7 +113,7 @@ class PatchState:
     distribution: str
     engine_version: str
     patch_id: str
-    state: str
+    state: PatchStateName
     supported: bool
     files: dict[str, str]  # relpath -> "patched" / "original" / "drifted" / "missing"
     detail: str = ""
@@ -269,9 +288,45 @@ def _reconcile_locked(
     engine: InstalledEngine, state: StateDir, add: Sequence[str], remove: Sequence[str] | None,
     force: bool, dry_run: bool,
 ) -> Result:
-    reverting = remove is None or bool(remove)
     old_raw = state.read_manifest_bytes()
     manifest = state.parse_manifest(old_raw) if old_raw is not None else None
+    if not dry_run and not (manifest is not None and _stale_manifest(engine, manifest)):
+        _sweep_temps(engine, state, manifest)
+    plan = make_plan(engine, state, old_raw, manifest, add, remove, force)
+    if not dry_run:
+        carry_out(state, plan)
+    return Result(engine, plan.target_ids, plan.changes, dry_run)
+
+
+@dataclass
+class Write:
+    """The journaled write of a plan: backups, files, journal, renames, final manifest (``_write``)."""
+
+    old_raw: bytes | None
+    journal: Manifest
+    final: Manifest | None
+    new_backups: dict[str, bytes]
+
+
+@dataclass
+class Plan:
+    """What one run will do, decided from the manifest, the files' hashes and (only when something
+    changes) the transforms. Making a plan writes nothing; :func:`carry_out` does it."""
+
+    target_ids: list[str]  # the patches applied afterwards
+    changes: list[FileChange] = field(default_factory=list)
+    write: Write | None = None
+    # state no manifest owns: "stale" (another install's, dropped; failures raise) or "orphans"
+    # (backups a run could not tidy after its commit; dropped if possible)
+    clear_state: str = ""
+
+
+def make_plan(
+    engine: InstalledEngine, state: StateDir, old_raw: bytes | None, manifest: Manifest | None,
+    add: Sequence[str], remove: Sequence[str] | None, force: bool,
+) -> Plan:
+    """The plan for applying ``add`` and reverting ``remove`` (None: all); raises on drift."""
+    reverting = remove is None or bool(remove)
     if manifest is not None and _stale_manifest(engine, manifest):
         if not (reverting and force):
             raise DriftError(
@@ -280,22 +335,15 @@ def _reconcile_locked(
                 "`toolkit revert --force` to forget the old patch state",
                 sorted(manifest.files),
             )
-        if not dry_run:
-            state.clear()  # the backups belong to another install: never restore them here
-        return Result(engine, [], [], dry_run)
+        return Plan([], clear_state="stale")  # the backups belong to another install: never restore them here
 
     applied_before = list(manifest.patches) if manifest else []
     if remove is None:
         target_ids: list[str] = []
     else:
         target_ids = _registry_order(engine.engine, (set(applied_before) | set(add)) - set(remove))
-    if not dry_run:
-        _sweep_temps(engine, state, manifest, target_ids)
     if not force and _already_done(engine, manifest, target_ids):
-        if manifest is None and not dry_run:
-            with contextlib.suppress(OSError, PatchError):
-                state.clear()  # backups a run could not tidy after its commit: no manifest refers to them
-        return Result(engine, target_ids, [], dry_run)
+        return Plan(target_ids, clear_state="orphans" if manifest is None else "")
     if manifest is not None and target_ids:
         _refuse_foreign(engine, target_ids, manifest.toolkit_version)
     target = patches_for(engine.engine, target_ids) if target_ids else []
@@ -311,22 +359,8 @@ def _reconcile_locked(
         scope = (scope | {r for r, rec in manifest.files.items() if set(rec.patches) & changing}) & every_file
     originals, wanted, patch_ids = _wanted_contents(engine, state, manifest, target, scope)
 
-    drifted = []
-    current_sha: dict[str, str | None] = {}
-    for relpath in wanted:
-        current_sha[relpath] = sha256_file(_engine_file(engine, relpath))
-        record = manifest.files.get(relpath) if manifest else None
-        if record is not None and _file_state(current_sha[relpath], record) in ("drifted", "missing"):
-            drifted.append(relpath)
-        elif record is None and current_sha[relpath] != sha256_bytes(originals[relpath]):
-            drifted.append(relpath)  # cannot happen for a file read just now, unless racing
-    if drifted and not force:
-        verb = "revert" if reverting else "apply-patch"
-        raise DriftError(
-            f"{engine.engine} {engine.version}: changed since patched (left alone; `toolkit {verb} --force` "
-            f"overwrites them): {', '.join(sorted(drifted))}",
-            sorted(drifted),
-        )
+    current_sha = {relpath: sha256_file(_engine_file(engine, relpath)) for relpath in wanted}
+    _refuse_drift(engine, manifest, originals, current_sha, force, reverting)
 
     changes = []
     for relpath, data in sorted(wanted.items()):
@@ -346,8 +380,8 @@ def _reconcile_locked(
     if target_ids:
         final = Manifest(__version__, engine.engine, engine.distribution, engine.version, "applied", target_ids,
                          final_files)
-    if dry_run or (not changes and _same_manifest(manifest, final)):
-        return Result(engine, target_ids, changes, dry_run)
+    if not changes and _same_manifest(manifest, final):
+        return Plan(target_ids, changes)
 
     # While writing, every patch that is or was applied counts as (partly) applied, so that `status`
     # after a crash says "partial" for each, never "not applied".
@@ -360,8 +394,38 @@ def _reconcile_locked(
         prior = sorted(({old.after, *old.prior} if old else set()) - {after})
         journal.files[relpath] = FileRecord(sha256_bytes(originals[relpath]), after, patch_ids[relpath], prior)
     new_backups = {r: originals[r] for r in scope if patch_ids[r] and not (manifest and r in manifest.files)}
-    _write(state, old_raw, journal, final, changes, new_backups)
-    return Result(engine, target_ids, changes, False)
+    return Plan(target_ids, changes, Write(old_raw, journal, final, new_backups))
+
+
+def _refuse_drift(engine: InstalledEngine, manifest: Manifest | None, originals: dict[str, bytes],
+                  current_sha: dict[str, str | None], force: bool, reverting: bool) -> None:
+    """Files changed since patched are left alone unless forced."""
+    drifted = []
+    for relpath, current in current_sha.items():
+        record = manifest.files.get(relpath) if manifest else None
+        if record is not None and _file_state(current, record) in ("drifted", "missing"):
+            drifted.append(relpath)
+        elif record is None and current != sha256_bytes(originals[relpath]):
+            drifted.append(relpath)  # cannot happen for a file read just now, unless racing
+    if drifted and not force:
+        verb = "revert" if reverting else "apply-patch"
+        raise DriftError(
+            f"{engine.engine} {engine.version}: changed since patched (left alone; `toolkit {verb} --force` "
+            f"overwrites them): {', '.join(sorted(drifted))}",
+            sorted(drifted),
+        )
+
+
+def carry_out(state: StateDir, plan: Plan) -> None:
+    """Do what ``plan`` says, all or nothing (see :func:`_write`)."""
+    if plan.clear_state == "stale":
+        state.clear()
+    elif plan.clear_state == "orphans":
+        with contextlib.suppress(OSError, PatchError):
+            state.clear()
+    if plan.write is not None:
+        write = plan.write
+        _write(state, write.old_raw, write.journal, write.final, plan.changes, write.new_backups)
 
 
 def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
@@ -371,7 +435,7 @@ def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
     return manifest.to_json() == final.to_json()
 
 
-def _sweep_temps(engine: InstalledEngine, state: StateDir, manifest: Manifest | None, target_ids: list[str]) -> None:
+def _sweep_temps(engine: InstalledEngine, state: StateDir, manifest: Manifest | None) -> None:
     """Temp files a killed run staged but never renamed: they hold no truth, delete them."""
     relpaths = {e.relpath for p in registry() if p.engine == engine.engine for e in p.files}
     relpaths |= set(manifest.files if manifest else ())
@@ -639,7 +703,7 @@ def _unusable_backups(state_dir: StateDir, manifest: Manifest, relpaths: list[st
     return lost
 
 
-def _state_from_markers(engine: InstalledEngine, patch: Patch, problem: str) -> tuple[str, str, dict[str, str]]:
+def _state_from_markers(engine: InstalledEngine, patch: Patch, problem: str) -> tuple[PatchStateName, str, dict[str, str]]:
     files = {}
     for edit in patch.files:
         try:
