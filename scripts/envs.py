@@ -23,8 +23,6 @@ torchvision with its fake-op registrations guarded).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -151,19 +149,9 @@ def clean_env(shim: bool = False) -> dict[str, str]:
     return env
 
 
-@contextlib.contextmanager
 def locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for {path.name} (another run is building or updating this venv)")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    """An exclusive lock on ``path`` (scripts/fetch_sources.py's, one implementation for both scripts)."""
+    return _fetch_sources_module().locked(path, "another run is building or updating this venv")
 
 
 def _die_with_parent() -> None:
@@ -384,14 +372,22 @@ def _link_or_copy(src: str, dst: str) -> str:
     return dst
 
 
-def fetch_source(dist: str, version: str) -> Path:
-    """The unpacked wheel of ``dist==version`` (scripts/fetch_sources.py, imported as a module)."""
-    import importlib.util
+def _fetch_sources_module():
+    """scripts/fetch_sources.py, imported as a module (once)."""
+    if "_toolkit_fetch_sources" not in sys.modules:
+        import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_toolkit_fetch_sources", REPO_ROOT / "scripts" / "fetch_sources.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.fetch(dist, version)
+        spec = importlib.util.spec_from_file_location("_toolkit_fetch_sources",
+                                                      REPO_ROOT / "scripts" / "fetch_sources.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["_toolkit_fetch_sources"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["_toolkit_fetch_sources"]
+
+
+def fetch_source(dist: str, version: str) -> Path:
+    """The unpacked wheel of ``dist==version`` (scripts/fetch_sources.py)."""
+    return _fetch_sources_module().fetch(dist, version)
 
 
 FAKE_DECORATOR = re.compile(r"^(\s*)@torch\.library\.register_fake\(", re.M)

@@ -64,13 +64,14 @@ def find_wheel(dist: str, version: str) -> Path | None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path, holder: str = "another fetch is running"):
+    """An exclusive lock on ``path`` (flock), saying what it waits for; scripts/envs.py uses it too."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for {path} (another fetch is running)", file=sys.stderr)
+            print(f"waiting for {path.name} ({holder})", file=sys.stderr, flush=True)
             fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -120,7 +121,7 @@ def fetch(dist: str, version: str) -> Path:
     target = source_dir(dist, version)
     if (target / MARKER).is_file():
         return target
-    with _locked(sources_dir() / ".lock"):
+    with locked(sources_dir() / ".lock"):
         return unpack(dist, version, download(dist, version))
 
 
