@@ -7,8 +7,9 @@ modules in every process, so the public API below loads on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from toolkit.lazy import lazy_attributes
 from toolkit.version import __version__
 
 if TYPE_CHECKING:
@@ -21,11 +22,4 @@ _LAZY = {"apply_patch": "toolkit.api", "revert_patch": "toolkit.api", "patch_sta
          "PatchError": "toolkit.errors"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

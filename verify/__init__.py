@@ -12,7 +12,9 @@ The names load on first use: importing the package needs no optional extra (the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from toolkit.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from toolkit.verify.checks import CHECKS, Check, CheckResult, Target, run_checks
@@ -25,11 +27,4 @@ _LAZY = {"verify": "toolkit.verify.run", "VerifyReport": "toolkit.verify.run", "
          "Target": "toolkit.verify.checks"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'toolkit.verify' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY, globals())

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is 
     ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.repair", "toolkit.patch_study")),
     ("patches", ("toolkit.patches",)),
-    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs",
+    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.lazy", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs",
               "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
