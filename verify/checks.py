@@ -12,7 +12,7 @@ import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from toolkit.verify.client import ChatClient, ChatOutcome, ServerGone
+from toolkit.verify.client import ChatClient, ChatOutcome, HTTPStatusError, ServerGone
 
 PASS, FAIL, SKIP, ERROR = "pass", "fail", "skip", "error"
 
@@ -167,8 +167,8 @@ def check_tools(target: Target) -> str:
     """With tools offered, the tool-call parser holds text back while streaming: no id may be lost."""
     try:
         plain = target.client.chat(MESSAGES, tools=TOOLS)
-    except AssertionError as exc:
-        if "tool" in str(exc) and "HTTP 400" in str(exc):
+    except HTTPStatusError as exc:
+        if exc.status == 400 and exc.mentions("tool"):
             raise CheckSkipped(f"the server has no tool-call parser enabled ({str(exc)[:160]})") from exc
         raise
     stream = target.client.chat(MESSAGES, tools=TOOLS, stream=True)
@@ -223,8 +223,8 @@ def check_concurrency(target: Target) -> str:
     sampling: dict[str, Any] = {}
     try:
         n2 = target.client.chat(MESSAGES, n=2)
-    except AssertionError as exc:
-        if "HTTP 400" not in str(exc):
+    except HTTPStatusError as exc:
+        if exc.status != 400:
             raise
         sampling = {"temperature": 1.0, "seed": 1234}
         n2 = target.client.chat(MESSAGES, n=2, **sampling)
@@ -267,8 +267,8 @@ def check_responses_stream(target: Target) -> str:
         body = {"temperature": 0, **request}
         try:
             events = target.client.responses(body, stream=True)
-        except AssertionError as exc:
-            if "tools" in body and "HTTP 400" in str(exc) and "tool" in str(exc):
+        except HTTPStatusError as exc:
+            if "tools" in body and exc.status == 400 and exc.mentions("tool"):
                 seen.append(f"{what}: skipped, the server parses no tool calls")
                 continue
             raise

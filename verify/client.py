@@ -13,6 +13,19 @@ require("verify", ("httpx",), "toolkit verify")
 import httpx  # noqa: E402
 
 
+class HTTPStatusError(AssertionError):
+    """The server answered with an error status; ``status`` and ``body`` say what. (An AssertionError:
+    where no check expects it, it fails the check.)"""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:300]}")
+        self.status = status
+        self.body = body
+
+    def mentions(self, word: str) -> bool:
+        return word in self.body
+
+
 class ServerGone(Exception):
     """The server stopped answering (it died or was killed) while a check ran."""
 
@@ -70,7 +83,7 @@ class ChatClient:
         except httpx.TransportError as exc:
             raise ServerGone(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+            raise HTTPStatusError(response.status_code, response.text)
         payload = response.json()
         choices = {}
         for choice in payload["choices"]:
@@ -90,7 +103,7 @@ class ChatClient:
         with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
                 response.read()
-                raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+                raise HTTPStatusError(response.status_code, response.text)
             for line in response.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -130,12 +143,12 @@ class ChatClient:
             if not stream:
                 response = self.http.post("/v1/responses", json=body)
                 if response.status_code != 200:
-                    raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+                    raise HTTPStatusError(response.status_code, response.text)
                 return response.json()
             with self.http.stream("POST", "/v1/responses", json=body) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise AssertionError(f"HTTP {response.status_code}: {response.text[:300]}")
+                    raise HTTPStatusError(response.status_code, response.text)
                 return parse_sse(list(response.iter_lines()))
         except httpx.TransportError as exc:
             raise ServerGone(f"{type(exc).__name__}: {exc}") from exc

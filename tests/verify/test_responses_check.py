@@ -11,6 +11,7 @@ import pytest
 
 from tests.patches.vllm.responses_stream.support import simulate
 from toolkit.verify.checks import CHECKS, FAIL, PASS, SKIP, Target, run_checks
+from toolkit.verify.client import HTTPStatusError
 
 CHUNKS = ["<think>", "let me see", "</think>", "Hello", " world"]
 
@@ -21,7 +22,7 @@ class ScriptedClient:
 
     def responses(self, body, *, stream):
         if self.tools_refused and "tools" in body:
-            raise AssertionError('HTTP 400: {"error": "tool_choice auto needs --enable-auto-tool-choice"}')
+            raise HTTPStatusError(400, '{"error": "tool_choice auto needs --enable-auto-tool-choice"}')
         return copy.deepcopy(self.events if stream else self.nonstream)
 
 
