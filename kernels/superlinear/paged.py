@@ -33,7 +33,7 @@ any other is read through the table.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -143,6 +143,15 @@ class PagedKV:
     def capacity(self) -> int:
         """Most tokens a request can hold (``max_blocks * block_size``): a static bound on positions."""
         return int(self.block_table.shape[1]) * self.block_size
+
+    def narrow(self, start: int, count: int) -> "PagedKV":
+        """Requests ``start .. start + count - 1`` only (views, no copy; e.g. a batch's decode rows)."""
+        if start == 0 and count == self.num_requests:
+            return self
+        stop = start + count
+        if self.table_rows is None:
+            return replace(self, block_table=self.block_table[start:stop], seq_lens=self.seq_lens[start:stop])
+        return replace(self, seq_lens=self.seq_lens[start:stop], table_rows=self.table_rows[start:stop])
 
     def request_table_rows(self) -> torch.Tensor:
         """int32 ``[R]``: the block-table row of each request (device op, no host read)."""

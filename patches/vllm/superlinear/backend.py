@@ -17,10 +17,7 @@ from typing import ClassVar
 
 import torch
 from vllm import _custom_ops as ops
-from vllm.config import get_current_vllm_config
-from vllm.logger import init_logger
 from vllm.platforms import current_platform
-from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionBackend,
     CPUAttentionBackendImpl,
@@ -28,19 +25,10 @@ from vllm.v1.attention.backends.cpu_attn import (
     CPUAttentionMetadataBuilder,
 )
 
-from toolkit.patches.common.superlinear.config import load_config
-from toolkit.patches.vllm.superlinear.paged import (
-    layout_from_probe,
-    read_blocks,
-    read_positions,
-    split_kv_cache,
-)
+from toolkit.kernels.superlinear.paged import PagedKV, layout_from_probe
 from toolkit.patches.common.superlinear.ragged import superlinear_ragged
-
-# A child of the "vllm" logger: vLLM configures handlers for its own namespace only.
-logger = init_logger("vllm.toolkit_superlinear")
-
-ADDITIONAL_CONFIG_KEY = "superlinear"
+from toolkit.patches.vllm.superlinear.layers import engine_config, serves_layer  # noqa: F401 (engine_config: tests)
+from toolkit.patches.vllm.superlinear.paged import split_kv_cache
 
 
 @dataclass
@@ -62,41 +50,17 @@ class SuperlinearCPUMetadataBuilder(CPUAttentionMetadataBuilder):
         )
 
 
-def engine_config():
-    """The validated configuration: environment, then vLLM's ``additional_config["superlinear"]``."""
-    additional = getattr(get_current_vllm_config(), "additional_config", None) or {}
-    section = additional.get(ADDITIONAL_CONFIG_KEY) if isinstance(additional, dict) else None
-    return load_config(engine_config=section, engine_source=f"--additional-config {ADDITIONAL_CONFIG_KEY!r}")
-
-
 class SuperlinearCPUAttentionImpl(CPUAttentionBackendImpl):
     _layouts: ClassVar[dict] = {}
 
     def __init__(self, *args, **kwargs) -> None:
         if not current_platform.is_cpu():
             raise NotImplementedError(
-                "superlinear attention for vLLM is built on vLLM's CPU attention backend and runs on CPU "
-                "only in this release (docs/superlinear.md); use a dense --attention-backend on GPU")
+                "the superlinear CPU backend runs on CPU only; on a GPU the plugin registers the CUDA "
+                "backend as --attention-backend CUSTOM (docs/superlinear.md)")
         super().__init__(*args, **kwargs)
         self.superlinear = engine_config()
-        reasons = []
-        if self.attn_type != AttentionType.DECODER:
-            reasons.append(f"attention type {self.attn_type}")
-        if self.sliding_window not in (-1, None):
-            reasons.append("sliding window")
-        if self.alibi_slopes is not None:
-            reasons.append("ALiBi")
-        if self.sinks is not None:
-            reasons.append("attention sinks")
-        if self.logits_soft_cap:
-            reasons.append("logit soft-capping")
-        if self.is_fp8_kv_cache:
-            reasons.append("fp8 KV cache")
-        self.use_superlinear = not reasons
-        if reasons:
-            logger.warning_once("superlinear attention: a layer keeps vLLM's CPU attention (%s)", ", ".join(reasons))
-        else:
-            logger.info_once("superlinear attention on (%s)", self.superlinear.describe())
+        self.use_superlinear = serves_layer(self, self.is_fp8_kv_cache, "vLLM's CPU attention")
 
     def _layout(self, isa: str, dtype: torch.dtype, block_size: int, head_dim: int):
         key = (isa, dtype, block_size, head_dim)
@@ -118,20 +82,12 @@ class SuperlinearCPUAttentionImpl(CPUAttentionBackendImpl):
         key_cache, value_cache = split_kv_cache(kv_cache)
         block_size, head_dim = key_cache.shape[2], key_cache.shape[3]
         k_perm, v_perm = self._layout(getattr(layer, "isa", "vec"), kv_cache.dtype, block_size, head_dim)
-        block_table = attn_metadata.block_table
-
-        def fetch_kv(r: int, n: int):
-            return (read_blocks(key_cache, block_table[r], n, k_perm),
-                    read_blocks(value_cache, block_table[r], n, v_perm))
-
+        num_reqs = len(attn_metadata.seq_len_list)
+        kv = PagedKV.from_blocks(key_cache, value_cache, attn_metadata.block_table[:num_reqs],
+                                 attn_metadata.seq_lens[:num_reqs], k_perm, v_perm)
         q = query[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
         out = output[:num_tokens].view(num_tokens, self.num_heads, self.head_size)
-        def read_kv(r: int, positions: torch.Tensor):
-            return (read_positions(key_cache, block_table[r], positions, k_perm),
-                    read_positions(value_cache, block_table[r], positions, v_perm))
-
-        superlinear_ragged(q, attn_metadata.query_start_list, attn_metadata.seq_len_list, fetch_kv, read_kv,
-                           self.superlinear, self.scale, out)
+        superlinear_ragged(q, kv, attn_metadata.query_start_list, self.superlinear, self.scale, out)
         return output
 
 

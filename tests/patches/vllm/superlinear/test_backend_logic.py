@@ -1,7 +1,8 @@
 """The backend's engine-agnostic parts without an engine: configuration, paged reads, ragged batches.
 
 The ragged batch (prefill, chunked prefill and decode rows of several requests, K/V read back from a
-shuffled paged cache) must equal the kernels' naive reference run request by request.
+shuffled paged cache through the kernels' one ``PagedKV`` interface, as both engines' backends do)
+must equal the kernels' naive reference run request by request.
 """
 
 from __future__ import annotations
@@ -20,13 +21,9 @@ from toolkit.patches.common.superlinear.config import (
     covering_length,
     load_config,
 )
-from toolkit.patches.vllm.superlinear.paged import (
-    layout_from_probe,
-    read_blocks,
-    read_positions,
-    split_kv_cache,
-)
+from toolkit.kernels.superlinear.paged import PagedKV, layout_from_probe
 from toolkit.patches.common.superlinear.ragged import decode_positions, superlinear_ragged
+from toolkit.patches.vllm.superlinear.paged import split_kv_cache
 
 HQ, HKV, D, BS = 4, 2, 32, 16
 COVERING = SuperlinearConfig(sw_index=7, backward_factor=8.0, forward_factor=8.0)
@@ -96,11 +93,12 @@ def test_probe_finds_a_transposed_key_layout_and_reads_tokens_back():
     keys, values = torch.randn(n, HKV, D, generator=gen), torch.randn(n, HKV, D, generator=gen)
     slots = torch.tensor([int(blocks[i // BS]) * BS + i % BS for i in range(n)])
     _transposed_write(keys, values, key_cache, value_cache, slots)
-    assert torch.equal(read_blocks(key_cache, blocks, n, k_perm), keys.transpose(0, 1))
-    assert torch.equal(read_blocks(value_cache, blocks, n, v_perm), values.transpose(0, 1))
+    paged = PagedKV.from_blocks(key_cache, value_cache, blocks[None], torch.tensor([n]), k_perm, v_perm)
+    rk, rv = paged.read_prefix(0, n)
+    assert torch.equal(rk, keys.transpose(0, 1)) and torch.equal(rv, values.transpose(0, 1))
     some = torch.tensor([36, 0, 17, 16, 5])
-    assert torch.equal(read_positions(key_cache, blocks, some, k_perm), keys[some].transpose(0, 1))
-    assert torch.equal(read_positions(value_cache, blocks, some, v_perm), values[some].transpose(0, 1))
+    pk, pv = paged.read_positions(0, some)
+    assert torch.equal(pk, keys[some].transpose(0, 1)) and torch.equal(pv, values[some].transpose(0, 1))
 
 
 # --- ragged batches --------------------------------------------------------------------------------
@@ -133,19 +131,20 @@ def _paged_batch(seq_lens, query_lens, seed=0):
     return query, starts, block_table, key_cache, value_cache, dense
 
 
-def _readers(block_table, key_cache, value_cache):
-    """fetch_kv / read_kv over the paged test cache; ``reads[r]`` counts the positions read per decode."""
-    reads: dict[int, int] = {}
+class CountingKV(PagedKV):
+    """The batch's ``PagedKV``; ``reads[r]`` counts the positions read for request r's decode."""
 
-    def fetch_kv(r, n):
-        return read_blocks(key_cache, block_table[r], n, None), read_blocks(value_cache, block_table[r], n, None)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "reads", {})
 
-    def read_kv(r, positions):
-        reads[r] = reads.get(r, 0) + positions.numel()
-        return (read_positions(key_cache, block_table[r], positions, None),
-                read_positions(value_cache, block_table[r], positions, None))
+    def read_positions(self, r, positions):
+        self.reads[r] = self.reads.get(r, 0) + positions.numel()
+        return super().read_positions(r, positions)
 
-    return fetch_kv, read_kv, reads
+
+def _kv(block_table, key_cache, value_cache, seq_lens) -> CountingKV:
+    return CountingKV(key_cache, value_cache, block_table, torch.tensor(seq_lens), None, None, None)
 
 
 @pytest.mark.parametrize("config", [SuperlinearConfig(), SuperlinearConfig(sw_index=2, topk=2, forward_factor=1.0),
@@ -155,10 +154,9 @@ def test_ragged_mixed_batch_equals_naive_reference_per_request(config):
     seq_lens, query_lens = [150, 300, 97, 260], [150, 64, 1, 1]
     query, starts, block_table, key_cache, value_cache, dense = _paged_batch(seq_lens, query_lens)
 
-    fetch_kv, read_kv, _ = _readers(block_table, key_cache, value_cache)
     scale = D ** -0.5
     out = torch.full_like(query, float("nan"))
-    superlinear_ragged(query, starts, seq_lens, fetch_kv, read_kv, config, scale, out)
+    superlinear_ragged(query, _kv(block_table, key_cache, value_cache, seq_lens), starts, config, scale, out)
     for r, (n, qn) in enumerate(zip(seq_lens, query_lens)):
         k, v = dense[r]
         q = query[starts[r]:starts[r + 1]].transpose(0, 1)[None]
@@ -172,9 +170,8 @@ def test_covering_regime_equals_dense_causal_attention():
     seq_lens, query_lens = [n, n - 40], [n, 1]
     query, starts, block_table, key_cache, value_cache, dense = _paged_batch(seq_lens, query_lens, seed=1)
 
-    fetch_kv, read_kv, _ = _readers(block_table, key_cache, value_cache)
     out = torch.empty_like(query)
-    superlinear_ragged(query, starts, seq_lens, fetch_kv, read_kv, COVERING, D ** -0.5, out)
+    superlinear_ragged(query, _kv(block_table, key_cache, value_cache, seq_lens), starts, COVERING, D ** -0.5, out)
     for r, (m, qn) in enumerate(zip(seq_lens, query_lens)):
         k, v = (x.repeat_interleave(HQ // HKV, 0) for x in dense[r])
         q = query[starts[r]:starts[r + 1]].transpose(0, 1)
@@ -188,9 +185,10 @@ def test_decode_reads_only_stripes_window_and_spans():
     config = SuperlinearConfig(sw_index=3)
     seq_lens, query_lens = [4000, 60], [1, 60]
     query, starts, block_table, key_cache, value_cache, dense = _paged_batch(seq_lens, query_lens, seed=2)
-    fetch_kv, read_kv, reads = _readers(block_table, key_cache, value_cache)
+    kv = _kv(block_table, key_cache, value_cache, seq_lens)
     out = torch.empty_like(query)
-    superlinear_ragged(query, starts, seq_lens, fetch_kv, read_kv, config, D ** -0.5, out)
+    superlinear_ragged(query, kv, starts, config, D ** -0.5, out)
+    reads = kv.reads
     k, v = dense[0]
     q = query[0:1].transpose(0, 1)[None]
     ref = superlinear_attention(q, q, k[None], v[None], torch.tensor([3999]), scale=D ** -0.5, impl="naive",
@@ -201,3 +199,20 @@ def test_decode_reads_only_stripes_window_and_spans():
     assert before_spans == (63 - 3) + 15  # stripes 4..63 (F(i) = i^2 <= 4000) and the 15-key window
     # + at most H_Q * topk spans of 2*ceil(2*sqrt(4000)) + 1 keys; far below the 4,000 a full read takes
     assert reads[0] <= before_spans + HQ * 3 * (2 * 127 + 1) and reads[0] < 4000 // 2
+
+
+def test_decodes_first_go_through_the_decode_kernel_and_the_rest_through_prefill():
+    # vLLM's order: decode requests first (num_decodes of them, one row each), then prompts and chunks.
+    config = SuperlinearConfig(sw_index=2, topk=2, forward_factor=1.0)
+    seq_lens, query_lens = [97, 260, 150, 300], [1, 1, 150, 64]
+    query, starts, block_table, key_cache, value_cache, dense = _paged_batch(seq_lens, query_lens, seed=3)
+    scale = D ** -0.5
+    kv = _kv(block_table, key_cache, value_cache, seq_lens)
+    out = torch.full_like(query, float("nan"))
+    superlinear_ragged(query, kv, torch.tensor(starts), config, scale, out, num_decodes=2)
+    for r, (n, qn) in enumerate(zip(seq_lens, query_lens)):
+        k, v = dense[r]
+        q = query[starts[r]:starts[r + 1]].transpose(0, 1)[None]
+        ref = superlinear_attention(q, q, k[None], v[None], torch.arange(n - qn, n), scale=scale, impl="naive",
+                                    **config.kernel_kwargs())
+        torch.testing.assert_close(out[starts[r]:starts[r + 1]], ref[0].transpose(0, 1).float(), atol=2e-5, rtol=2e-5)

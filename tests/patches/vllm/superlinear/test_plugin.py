@@ -29,7 +29,8 @@ except Exception as exc:  # CUSTOM unregistered: vLLM says so
     custom = "unregistered: " + type(exc).__name__
 cpu = E.CPU_ATTN.get_path()
 from vllm import _custom_ops as ops
-from toolkit.patches.vllm.superlinear.paged import layout_from_probe, read_blocks, read_positions, split_kv_cache
+from toolkit.kernels.superlinear.paged import PagedKV, layout_from_probe
+from toolkit.patches.vllm.superlinear.paged import split_kv_cache
 reads = {}
 for isa in ("vec", "vec16"):
     for dtype in (torch.float32, torch.bfloat16):
@@ -41,12 +42,13 @@ for isa in ("vec", "vec16"):
         blocks = torch.tensor([4, 0, 2])
         key, value = torch.randn(n, heads, dim).to(dtype), torch.randn(n, heads, dim).to(dtype)
         write(key, value, kc, vc, torch.tensor([int(blocks[i // bs]) * bs + i % bs for i in range(n)]))
-        reads[f"{isa}/{dtype}"] = (torch.equal(read_blocks(kc, blocks, n, k_perm), key.transpose(0, 1))
-                                   and torch.equal(read_blocks(vc, blocks, n, v_perm), value.transpose(0, 1)))
+        paged = PagedKV.from_blocks(kc, vc, blocks[None], torch.tensor([n]), k_perm, v_perm)
+        rk, rv = paged.read_prefix(0, n)
+        reads[f"{isa}/{dtype}"] = torch.equal(rk, key.transpose(0, 1)) and torch.equal(rv, value.transpose(0, 1))
         some = torch.tensor([69, 0, 33, 32, 31, 5])
-        reads[f"{isa}/{dtype}/positions"] = (
-            torch.equal(read_positions(kc, blocks, some, k_perm), key[some].transpose(0, 1))
-            and torch.equal(read_positions(vc, blocks, some, v_perm), value[some].transpose(0, 1)))
+        pk, pv = paged.read_positions(0, some)
+        reads[f"{isa}/{dtype}/positions"] = (torch.equal(pk, key[some].transpose(0, 1))
+                                             and torch.equal(pv, value[some].transpose(0, 1)))
 import vllm
 write_result({"version": vllm.__version__, "cpu": cpu, "custom": custom, "reads": reads, "ours_loaded": ours_loaded})
 """
