@@ -278,11 +278,11 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from toolkit.verify.checks import CHECKS
+    from toolkit.verify.checks import all_checks
     from toolkit.verify.run import verify
 
     names = [n.strip() for n in args.checks.split(",") if n.strip()] if args.checks else None
-    known = {c.name for c in CHECKS}
+    known = {c.name for c in all_checks()}
     if names and not set(names) <= known:
         raise UsageError(f"unknown check(s): {', '.join(sorted(set(names) - known))} (known: {', '.join(sorted(known))})")
     status_line = None if args.json else console.status("verify: preparing", spinner="dots")

@@ -60,6 +60,10 @@ class Patch:
     files: Sequence[FileEdit]
     summary: str
     runtime_modules: Sequence[str] = field(default_factory=tuple)
+    # The patch's own `toolkit verify` checks, ``"module:NAME"`` of a list of checks (loaded only by
+    # verify), and the environment a verified server needs for them (e.g. a switch the patch reads).
+    verify_checks: str = ""
+    verify_env: Sequence[tuple[str, str]] = ()
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -68,6 +72,13 @@ class Patch:
             raise TypeError(f"patch {self.id}: versions must be a sequence of specifiers")
         for spec in self.versions:
             SpecifierSet(spec)  # validate early: a bad specifier is a bug in the patch
+
+    def load_verify_checks(self) -> list[Any]:
+        """The checks named by ``verify_checks`` (imports their module)."""
+        if not self.verify_checks:
+            return []
+        module, _, name = self.verify_checks.partition(":")
+        return list(getattr(importlib.import_module(module), name))
 
     @property
     def versions_text(self) -> str:

@@ -250,144 +250,10 @@ def check_concurrency(target: Target) -> str:
     return "n=2 (stream and not) and 16 concurrent mixed requests all pass"
 
 
-def check_responses_stream(target: Target) -> str:
-    """/v1/responses streamed: the events follow the OpenAI grammar (checked by a state machine over
-    the events, toolkit.patches.vllm.responses_stream.grammar), the terminal response holds exactly the
-    streamed items, and the non-streaming response to the same greedy request has the same items.
-    Once cut by max_output_tokens (the incomplete path) and once run to a longer limit, with tools
-    offered when the server parses tool calls."""
-    from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
-
-    user = MESSAGES[-1]["content"]
-    cases = [("cut by max_output_tokens", {"input": user, "max_output_tokens": 8}),
-             ("tools offered", {"input": user, "max_output_tokens": 48, "tools": [
-                 {"type": "function", **TOOLS[0]["function"]}]})]
-    seen = []
-    for what, request in cases:
-        body = {"temperature": 0, **request}
-        try:
-            events = target.client.responses(body, stream=True)
-        except HTTPStatusError as exc:
-            if "tools" in body and exc.status == 400 and exc.mentions("tool"):
-                seen.append(f"{what}: skipped, the server parses no tool calls")
-                continue
-            raise
-        problems = check_events(events)
-        if problems:
-            raise CheckFailed(f"responses stream ({what}): {len(problems)} grammar problem(s): {problems[0]}",
-                              problems=problems, event_types=[e.get("type") for e in events])
-        final = events[-1].get("response") or {}
-        plain = target.client.responses(body, stream=False)
-        differences = compare_outputs(final.get("output") or [], plain.get("output") or [], ignore_ids=True)
-        if differences or final.get("status") != plain.get("status"):
-            raise CheckFailed(f"responses ({what}): the streamed items differ from the non-streaming response's",
-                              differences=differences, stream_status=final.get("status"),
-                              nonstream_status=plain.get("status"))
-        seen.append(f"{what}: {len(events)} events, {final.get('status')}")
-    return "; ".join(seen)
-
-
-# Word pairs for the patch-sweep check: the first whose two prompts tokenize to the same length.
-SWEEP_PAIRS = [("cat", "dog"), ("red", "blue"), ("one", "two"), ("1", "2"), ("a", "b")]
-SWEEP_TEMPLATE = "The {} sat on the mat and looked at the door"
-# Two forward passes of the same request in different batches: fp32 on CPU agrees far closer than this.
-SWEEP_TOLERANCE = 1e-3
-
-
-def _sweep_prompts(tokenizer: Any) -> tuple[str, str, list[int], str, int]:
-    """A clean and a corrupt prompt of the same token length, the corrupt prompt's ids, the corrupt word,
-    and the first position where the two prompts' ids differ."""
-    for clean_word, corrupt_word in SWEEP_PAIRS:
-        clean, corrupt = SWEEP_TEMPLATE.format(clean_word), SWEEP_TEMPLATE.format(corrupt_word)
-        a, b = tokenizer.encode(clean), tokenizer.encode(corrupt)
-        if len(a) == len(b) and a != b:
-            return clean, corrupt, b, corrupt_word, first_difference(a, b)
-    raise CheckSkipped("no prompt pair of equal token length for this tokenizer")
-
-
-def check_patch_sweep(target: Target) -> str:
-    """/v1/patch_sweep smoke test through the PatchStudy client, with answers known without a reference
-    model: capture a clean run, sweep every layer at [the corrupt word (a span), position 0, the last
-    position] streamed and not. Patching the last layer's output at the last position gives exactly the
-    clean run's logits; patching a position before the prompts differ changes nothing (the same prefix).
-    A span that is not in the prompt is a 400 and the server stays up; the run is deleted afterwards."""
-    import urllib.error
-    import uuid
-
-    from toolkit.patches.vllm.patch_sweep.client import PatchStudy, PatchStudyError, Span
-
-    study = PatchStudy(target.base_url, timeout=300)
-    try:
-        try:
-            study.runs()
-        except PatchStudyError as exc:
-            if exc.status == 404:
-                raise CheckSkipped("patch-sweep is applied but this server runs without TOOLKIT_ENABLE_PATCHING=1")
-            raise CheckFailed(f"listing runs: {exc}") from None
-        clean, corrupt, corrupt_ids, word, differs_at = _sweep_prompts(target.tokenizer)
-        last = len(corrupt_ids) - 1
-        name = f"toolkit-verify-{uuid.uuid4().hex[:8]}"
-        try:
-            study.capture(clean, name, hooks=["post_block"])
-        except PatchStudyError as exc:
-            raise CheckFailed(f"capture: {exc}") from None
-        try:
-            sweep = dict(run=name, layers="all", positions=[Span(word), 0, last], hook="post_block",
-                         answer_token_id=corrupt_ids[-1], foil_token_id=corrupt_ids[0], metric="logit_diff")
-            streamed_cells: list[tuple[int, int]] = []
-            try:
-                plain = study.sweep_layers_positions(corrupt, **sweep)
-                summary = study.sweep_layers_positions(
-                    corrupt, **sweep, on_cell=lambda layer, position, value: streamed_cells.append((layer, position)))
-            except PatchStudyError as exc:
-                raise CheckFailed(f"sweep: {exc}") from None
-            if plain.raw.get("prompt_token_ids") != corrupt_ids:
-                raise CheckFailed("the sweep tokenized the prompt differently from the model's tokenizer",
-                                  **ids_evidence("server", plain.raw.get("prompt_token_ids") or [], "local", corrupt_ids))
-            positions, layers, grid = plain.positions, plain.layers, plain.grid
-            span = [p for p in positions if p not in (0, last)]
-            if not span or differs_at not in span or positions[-2:] != [0, last] or positions[:len(span)] != span:
-                raise CheckFailed(f"positions {positions}: expected the tokens of {word!r} (from {differs_at}), 0, {last}")
-            if len(grid) != len(layers) or any(len(row) != len(positions) or None in row for row in grid):
-                raise CheckFailed("the grid is not layers x positions with every cell run", grid=grid)
-            if len(streamed_cells) != len(layers) * len(positions):
-                raise CheckFailed(f"stream: {len(streamed_cells)} cell events for {len(layers) * len(positions)} cells")
-            stream_gap = max(abs(a - b) for ra, rb in zip(grid, summary.grid) for a, b in zip(ra, rb))
-            if summary.positions != positions or stream_gap > SWEEP_TOLERANCE:
-                raise CheckFailed(f"the streamed summary differs from the non-streamed response (max {stream_gap:.2e})",
-                                  stream=summary.grid, nonstream=grid)
-            clean_value = plain.baselines["clean"]["logit_diff"]
-            corrupt_value = plain.baselines["corrupt"]["logit_diff"]
-            restored = grid[-1][-1]
-            if abs(restored - clean_value) > SWEEP_TOLERANCE:
-                raise CheckFailed(f"patching layer {layers[-1]} at the last position gives {restored:.6f}, not the clean "
-                                  f"run's {clean_value:.6f}", grid=grid, baselines=plain.baselines)
-            if differs_at > 0:
-                unchanged = [row[-2] for row in grid]
-                if max(abs(v - corrupt_value) for v in unchanged) > SWEEP_TOLERANCE:
-                    raise CheckFailed(f"patching position 0 (the same in both prompts) changed the answer: {unchanged} "
-                                      f"vs the corrupt run's {corrupt_value:.6f}", grid=grid)
-            missing = "zebra-not-in-prompt"
-            try:
-                study.sweep_layers_positions(corrupt, **{**sweep, "positions": [Span(missing)]})
-                refusal = None
-            except PatchStudyError as exc:
-                refusal = exc
-            if refusal is None or refusal.status != 400 or missing not in str(refusal):
-                raise CheckFailed(f"a span not in the prompt: expected a 400 naming it, got "
-                                  f"{'HTTP 200' if refusal is None else f'HTTP {refusal.status}: {refusal}'}")
-        finally:
-            study.delete(name)
-        if name in [run["name"] for run in study.runs()]:
-            raise CheckFailed(f"run {name!r} is still listed after DELETE")
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-        raise ServerGone(str(exc)) from exc
-    return (f"{len(layers)} layers x {len(positions)} positions (span {word!r} -> {span}), stream = non-stream; "
-            f"last-layer patch restores the clean answer ({restored:.4f} vs {clean_value:.4f}); bad span: 400")
-
-
 TOKEN_IDS = {"vllm": None, "sglang": "token-ids"}
-CHECKS: list[Check] = [
+# The contract every patched engine keeps (token ids; the tito patch's input ids). A patch adds its own
+# checks through its declaration (``Patch.verify_checks``): see :func:`all_checks`.
+CORE: list[Check] = [
     Check("nonstream-decode", "non-streaming: decode(token_ids) == content", TOKEN_IDS, check_nonstream_decode),
     Check("stream-decode", "streaming: ids decode to the deltas; prompt ids on the first chunk", TOKEN_IDS,
           check_stream_decode),
@@ -399,21 +265,18 @@ CHECKS: list[Check] = [
     Check("input-ids", "the same turn as input_ids gives the same completion", {"vllm": "tito", "sglang": "tito"},
           check_input_ids_round_trip),
     Check("concurrency", "n=2 and 16 concurrent mixed requests pass the checks above", TOKEN_IDS, check_concurrency),
-    Check("responses-stream", "/v1/responses: streamed events follow the OpenAI grammar, same items as non-streaming",
-          {"vllm": "responses-stream"}, check_responses_stream),
-    Check("patch-sweep", "/v1/patch_sweep: a small grid, stream = non-stream, known cells, a clean 400",
-          {"vllm": "patch-sweep"}, check_patch_sweep),
 ]
 
 
 def run_checks(target: Target, names: list[str] | None = None,
                on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    known = {check.name for check in CHECKS}
+    checks = all_checks()
+    known = {check.name for check in checks}
     unknown = [n for n in names or [] if n not in known]
     if unknown:
         raise ValueError(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     results = []
-    for check in CHECKS:
+    for check in checks:
         if names and check.name not in names:
             continue
         missing = check.missing_patch(target)
@@ -447,4 +310,20 @@ CORE_CHECKS = ("nonstream-decode", "stream-decode", "stream-parity", "tools", "p
 
 def missing_patches(target: Target) -> list[str]:
     """Patches the target lacks that core checks need (for the "apply these first" message)."""
-    return sorted({p for c in CHECKS if c.name in CORE_CHECKS for p in [c.missing_patch(target)] if p})
+    return sorted({p for c in CORE if c.name in CORE_CHECKS for p in [c.missing_patch(target)] if p})
+
+
+def all_checks() -> list[Check]:
+    """The core checks, then each registered patch's own (its ``verify_checks``), in registry order."""
+    from toolkit.engine import registry
+
+    checks = list(CORE)
+    for patch in registry():
+        checks.extend(check for check in patch.load_verify_checks() if check not in checks)
+    return checks
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CHECKS":  # every check, core and contributed (loads the patches' check modules)
+        return all_checks()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolkit.extras import require
+from toolkit.sse import parse_sse
 
 require("verify", ("httpx",), "toolkit verify")
 import httpx  # noqa: E402
@@ -136,8 +137,6 @@ class ChatClient:
 
     def responses(self, body: dict[str, Any], *, stream: bool) -> Any:
         """POST /v1/responses: the parsed SSE events when streaming, else the response object."""
-        from toolkit.patches.vllm.responses_stream.grammar import parse_sse
-
         body = {"model": self.model, **body, "stream": stream}
         try:
             if not stream:

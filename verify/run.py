@@ -14,8 +14,7 @@ from toolkit.extras import require
 require("verify", ("httpx",), "toolkit verify")
 import httpx  # noqa: E402
 
-from toolkit.patches.vllm.patch_sweep.runtime import ENABLE_ENV as PATCHING_ENV
-from toolkit.verify.checks import CHECKS, ERROR, FAIL, PASS, SKIP, CheckResult, Target, missing_patches, run_checks
+from toolkit.verify.checks import ERROR, FAIL, PASS, SKIP, CheckResult, Target, all_checks, missing_patches, run_checks
 
 
 # The `tools` check needs a tool-call parser; Hermes-style <tool_call> markup is the common default.
@@ -135,11 +134,14 @@ def verify(
         if "--tool-call-parser" not in " ".join(server_args):
             server_args += DEFAULT_TOOL_ARGS[engine_name]
         env = dict(env or {})
-        if (engine_name == "vllm" and "patch-sweep" in applied and (not checks or "patch-sweep" in checks)
-                and PATCHING_ENV not in env and PATCHING_ENV not in os.environ):
-            # The patch-sweep check needs its routes, which the patch adds only when enabled (eager mode);
-            # the caller's own setting of the switch wins.
-            env[PATCHING_ENV] = "1"
+        # A patch whose checks need a switch on (patch-sweep's routes) declares it (Patch.verify_env);
+        # the caller's own setting of the switch wins.
+        for patch in patch_engine.patches_for(engine_name):
+            wanted = patch.id in applied and (not checks or any(c.requires.get(engine_name) == patch.id
+                                                                 for c in all_checks() if c.name in checks))
+            for name, value in patch.verify_env if wanted else ():
+                if name not in env and name not in os.environ:
+                    env[name] = value
         # The interpreter the user named (a venv's bin/python), not the one it resolves to.
         server = EngineServer(engine_name, python or installed.python, model, server_args=server_args, env=env,
                               timeout=timeout, cpu=cpu)
@@ -163,4 +165,4 @@ def verify(
     return report
 
 
-__all__ = ["verify", "VerifyReport", "CHECKS", "PASS", "FAIL", "SKIP", "ERROR"]
+__all__ = ["verify", "VerifyReport", "PASS", "FAIL", "SKIP", "ERROR"]

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is 
     ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.repair", "toolkit.patch_study")),
     ("patches", ("toolkit.patches",)),
-    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.lazy", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs",
+    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs",
               "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
@@ -24,6 +24,8 @@ RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for pr
 
 def layer_of(module: str) -> tuple[str, int]:
     parts = module.split(".")
+    if is_patch_check(module):  # a patch's own verify check: part of the verifier, kept beside its patch
+        return "verify", RANK["toolkit.verify"]
     for n in range(len(parts), 0, -1):
         prefix = ".".join(parts[:n])
         if prefix == "toolkit" and module != "toolkit":
@@ -34,6 +36,11 @@ def layer_of(module: str) -> tuple[str, int]:
     raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
 
 
+def is_patch_check(module: str) -> bool:
+    parts = module.split(".")
+    return parts[:2] == ["toolkit", "patches"] and len(parts) == 5 and parts[4] == "check"
+
+
 def engine_of(module: str) -> str | None:
     parts = module.split(".")
     return parts[2] if parts[:2] == ["toolkit", "patches"] and len(parts) > 2 else None
@@ -42,7 +49,8 @@ def engine_of(module: str) -> str | None:
 def test_the_graph_sees_the_known_dependencies():
     graph = edges()
     assert "toolkit.codemod" in graph["toolkit.patches.vllm.tito.codemods"]  # a patch builds on the codemod base
-    assert "toolkit.patches.vllm.patch_sweep.client" in graph["toolkit.verify.checks"]  # a lazy import counts too
+    assert "toolkit.patches.vllm.patch_sweep.client" in graph["toolkit.patches.vllm.patch_sweep.check"]
+    assert "toolkit.engine" in graph["toolkit.verify.checks"]  # a lazy import counts too
 
 
 def test_nothing_imports_the_folders_as_top_level_packages():
@@ -61,6 +69,22 @@ def test_every_import_goes_down_or_sideways():
             target_layer, target_rank = layer_of(target)
             if target_rank > rank:
                 wrong.append(f"{module}:{line} ({layer}) imports {target} ({target_layer}), a layer above it")
+    assert wrong == []
+
+
+def test_verify_knows_no_patch_by_name():
+    """The verifier finds a patch's checks through the registry (``Patch.verify_checks``); it imports
+    no patch module itself."""
+    wrong = [f"{module}:{line} imports {target}" for module, targets in sorted(edges().items())
+             if module.startswith("toolkit.verify") for target, line in targets.items()
+             if target.startswith("toolkit.patches")]
+    assert wrong == []
+
+
+def test_nothing_but_the_verifier_imports_a_patch_check():
+    wrong = [f"{module}:{line} imports {target}" for module, targets in sorted(edges().items())
+             if not module.startswith("toolkit.verify") and not is_patch_check(module)
+             for target, line in targets.items() if is_patch_check(target)]
     assert wrong == []
 
 

@@ -20,4 +20,6 @@ PATCH = Patch(
         "toolkit.patches.vllm.patch_sweep.server",
         "toolkit.patches.vllm.patch_sweep.worker",
     ),
+    verify_checks="toolkit.patches.vllm.patch_sweep.check:CHECKS",
+    verify_env=(("TOOLKIT_ENABLE_PATCHING", "1"),),  # the check needs the sweep routes, added only when enabled
 )

@@ -27,8 +27,9 @@ non-streaming response to the same greedy request.
 
 from __future__ import annotations
 
-import json
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+from toolkit.sse import parse_sse  # noqa: F401 (re-exported: tests and scripts read streams with it)
 
 TERMINAL = {"response.completed": "completed", "response.incomplete": "incomplete", "response.failed": "failed"}
 ITEM_TYPES = ("message", "reasoning", "function_call", "custom_tool_call")
@@ -47,25 +48,6 @@ def as_dict(event: Any) -> dict:
     if dump is not None:
         return dump(mode="json", by_alias=True)
     raise TypeError(f"not an event: {event!r}")
-
-
-def parse_sse(body: str | Iterable[str]) -> list[dict]:
-    """The ``data:`` payloads of an SSE stream, parsed as JSON (``[DONE]`` and comments skipped)."""
-    lines = body.splitlines() if isinstance(body, str) else body
-    events: list[dict] = []
-    data: list[str] = []
-    for line in list(lines) + [""]:
-        line = line.rstrip("\r")
-        if not line:
-            if data:
-                payload = "\n".join(data)
-                data = []
-                if payload.strip() != "[DONE]":
-                    events.append(json.loads(payload))
-            continue
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
-    return events
 
 
 class _Checker:
