@@ -250,6 +250,16 @@ class ItemMachine:
         self._calls = 0
         self.finished = False
 
+    # -- logprobs waiting for the next text delta -------------------------------------------------
+
+    def hold_logprobs(self, logprobs: Sequence[Any]) -> None:
+        """``logprobs`` go on the next text delta this machine emits (replacing any still held)."""
+        self._pending_logprobs = list(logprobs)
+
+    def drop_held_logprobs(self) -> None:
+        """Logprobs no text delta took (the text they belonged to was markup) are not carried on."""
+        self._pending_logprobs = []
+
     # -- text-like items -------------------------------------------------------------------------
 
     def text(self, text: str, logprobs: Sequence[Any] | None = None) -> list[Event]:
@@ -638,9 +648,9 @@ class ResponsesStream:
         """
         machine = self.machine
         if logprobs:
-            machine._pending_logprobs = list(logprobs)
+            machine.hold_logprobs(logprobs)
         events = self._pieces(self.segmenter.feed(text))
-        machine._pending_logprobs = []
+        machine.drop_held_logprobs()
         return events
 
     def feed_parsed(
@@ -661,7 +671,7 @@ class ResponsesStream:
             events += machine.reasoning(reasoning)
         if content:
             events += machine.text(content, logprobs)
-            machine._pending_logprobs = []
+            machine.drop_held_logprobs()
         for call in tool_calls or ():
             function = getattr(call, "function", None)
             holder = function if function is not None else call
