@@ -27,12 +27,12 @@ import contextvars
 import functools
 import inspect
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
+from toolkit.patches.common.env import env_flag
+
 ENV_FLAG = "TOOLKIT_RETURN_TOKEN_IDS"
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 _COMPACT = (",", ":")
 
@@ -41,7 +41,7 @@ def enabled(request: Any) -> bool:
     """Token ids for this request: asked for in the request, or on for the whole server."""
     if getattr(request, "return_token_ids", False) is True:
         return True
-    return os.environ.get(ENV_FLAG, "").strip().lower() in _TRUE
+    return env_flag(ENV_FLAG)
 
 
 def prompt_ids(adapted_request: Any, output: dict | None = None) -> list[int] | None:
