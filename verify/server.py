@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import shutil
 import signal
 import socket
@@ -49,7 +48,7 @@ SGLANG_CPU_ARGS = (
     "--dtype", "float32", "--random-seed", "0",
 )
 # Before this version SGLang needs --disable-cuda-graph on CPU (0.5.23 deprecates the flag).
-SGLANG_CUDA_GRAPH_FLAG_BEFORE = (0, 5, 23)
+SGLANG_CUDA_GRAPH_FLAG_BEFORE = "0.5.23"
 
 STOP_GRACE_S = 20.0
 
@@ -87,14 +86,14 @@ def engine_version(engine: str, python: str) -> tuple[str, str]:
     return dist, version
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    parts = []
-    for piece in version.split("."):
-        match = re.match(r"\d+", piece)
-        if not match:
-            break
-        parts.append(int(match.group()))
-    return tuple(parts)
+def _release_before(version: str, release: str) -> bool:
+    """Whether ``version`` is older than ``release`` (PEP 440; a version that is not PEP 440 is not)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(version) < Version(release)
+    except InvalidVersion:
+        return False
 
 
 def _merge_args(defaults: Sequence[str], given: Sequence[str]) -> list[str]:
@@ -364,7 +363,7 @@ class EngineServer:
             return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
                     "--host", self.host, "--port", str(self.port), *_merge_args(defaults, self.server_args)]
         defaults = list(SGLANG_CPU_ARGS) if self.cpu else []
-        if self.cpu and _version_tuple(self.version or "") < SGLANG_CUDA_GRAPH_FLAG_BEFORE:
+        if self.cpu and _release_before(self.version or "", SGLANG_CUDA_GRAPH_FLAG_BEFORE):
             defaults.append("--disable-cuda-graph")
         return [self.python, "-m", "sglang.launch_server", "--model-path", self.model,
                 "--host", self.host, "--port", str(self.port), *_merge_args(defaults, self.server_args)]
