@@ -199,9 +199,10 @@ def _layout_of_perm(perm: torch.Tensor, block_size: int, dim: int, cache: torch.
     if cache.stride(3) != 1 or cache.stride(2) != dim:
         raise ValueError("a block permutation needs each (block, head) stored as block_size * D "
                          "contiguous elements")
-    # Keyed by the tensor object (kept alive in the entry, so its id is not reused) and its version:
-    # the analysis reads the table on the host, once per permutation, not once per call.
-    key = (id(perm), perm._version, block_size, dim, cache.device)
+    # Keyed by the tensor object (kept alive in the entry, so its id is not reused; a layout table is
+    # never written after the probe, and an inference-mode tensor has no version counter): the
+    # analysis reads the table on the host once per permutation, not once per call.
+    key = (id(perm), block_size, dim, cache.device)
     hit = _PERM_LAYOUTS.get(key)
     if hit is not None:
         return hit[1]

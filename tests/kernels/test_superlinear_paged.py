@@ -410,3 +410,19 @@ def test_paged_triton_bf16_on_gpu(triton_device):
                                       **kwargs_of(params)).cpu().float()
     ref = reference_rows(batch, params).float()
     torch.testing.assert_close(out, ref, atol=2e-2, rtol=2e-2)
+
+
+def test_paged_triton_reads_a_probed_layout_made_in_inference_mode(triton_device):
+    # vLLM runs forward under torch.inference_mode(): the layout tables the probe makes there are
+    # inference tensors (no version counter), and the kernels' stride analysis must take them.
+    params = SuperlinearParams(sw_index=2, topk=2)
+    batch = build_batch([70, 40], [70, 1], 2, 4, 32, 16, "vllm-cpu", seed=4)
+    kv = batch.kv
+    with torch.inference_mode():
+        perm = kv.key_perm.clone()
+        inferred = PagedKV(kv.key_cache, kv.value_cache, kv.block_table, kv.seq_lens, kv.table_rows, perm, None)
+        dev = _on(Batch(inferred, batch.dense, batch.seq_lens, batch.query_lens, batch.query_start, batch.query,
+                        batch.search_query), triton_device)
+        out = superlinear_attention_paged(dev.query, dev.kv, batch.query_start, dev.search_query, impl="triton",
+                                          **kwargs_of(params)).cpu()
+    _assert_rows(out, reference_rows(batch, params), torch.arange(batch.query.shape[0]))
