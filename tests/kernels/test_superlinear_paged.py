@@ -170,7 +170,7 @@ def batch_strategy(draw, max_len: int, max_requests: int, decode_only: bool = Fa
     block_size = 1 if layout == "token-pool" else draw(st.sampled_from([1, 4, 16, 32]))
     kv_heads = draw(st.sampled_from([1, 2]))
     group = draw(st.sampled_from([1, 2, 4]))
-    dim = draw(st.sampled_from([32, 64]))
+    dim = draw(st.sampled_from([32, 64, 80]))  # 80: not a power of two (masked lanes)
     seq_lens, query_lens = [], []
     for _ in range(draw(st.integers(1, max_requests))):
         kind = "decode" if decode_only else draw(st.sampled_from(["prompt", "chunk", "decode", "decode", "idle"]))
@@ -426,3 +426,43 @@ def test_paged_triton_reads_a_probed_layout_made_in_inference_mode(triton_device
         out = superlinear_attention_paged(dev.query, dev.kv, batch.query_start, dev.search_query, impl="triton",
                                           **kwargs_of(params)).cpu()
     _assert_rows(out, reference_rows(batch, params), torch.arange(batch.query.shape[0]))
+
+
+@st.composite
+def serving_batch_strategy(draw):
+    """A batch as vLLM hands it over: single-token requests first (``num_decodes`` of them)."""
+    spec, params = draw(batch_strategy(max_len=200, max_requests=4))
+    order = sorted(range(len(spec["seq_lens"])), key=lambda r: spec["query_lens"][r] != 1)
+    spec["seq_lens"] = [spec["seq_lens"][r] for r in order]
+    spec["query_lens"] = [spec["query_lens"][r] for r in order]
+    num_decodes = 0
+    while num_decodes < len(order) and spec["query_lens"][num_decodes] == 1:
+        num_decodes += 1
+    return spec, params, num_decodes
+
+
+@settings(max_examples=15, **HYPOTHESIS)
+@given(case=serving_batch_strategy())
+def test_serving_batch_triton_equals_gather_path(case, triton_device):
+    # The engines' entry (patches/common/superlinear/ragged.py): decode rows through the decode kernel,
+    # the rest through the prefill kernel, on both paths, over every layout and block size.
+    from toolkit.patches.common.superlinear.config import SuperlinearConfig
+    from toolkit.patches.common.superlinear.ragged import superlinear_ragged
+
+    spec, params, num_decodes = case
+    spec["same_query"] = True  # the engines search with the attention query
+    batch = build_batch(**spec)
+    fields = kwargs_of(params)
+    scale = spec["dim"] ** -0.5
+    gather = torch.full_like(batch.query, float("nan"))
+    superlinear_ragged(batch.query, batch.kv, batch.query_start, SuperlinearConfig(**fields, impl="gather"), scale,
+                       gather, num_decodes=num_decodes)
+    dev = _on(batch, triton_device)
+    triton = torch.full_like(dev.query, float("nan"))
+    superlinear_ragged(dev.query, dev.kv, torch.tensor(batch.query_start, device=triton_device),
+                       SuperlinearConfig(**fields, impl="triton"), scale, triton, num_decodes=num_decodes)
+    rows = torch.tensor([t for r, c in enumerate(batch.query_lens) for t in range(batch.query_start[r],
+                                                                                 batch.query_start[r] + c)])
+    if rows.numel():
+        _assert_rows(triton.cpu(), gather, rows)
+        _assert_rows(gather, reference_rows(batch, params), rows)
