@@ -22,6 +22,7 @@ from rich.rule import Rule
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from toolkit.sse import iter_sse  # noqa: E402
 from toolkit.verify.server import EngineServer  # noqa: E402
 
 console = Console()
@@ -66,10 +67,9 @@ def main() -> int:
         streamed: list[int] = []
         with httpx.stream("POST", server.base_url + "/v1/chat/completions", json={**body, "stream": True},
                           timeout=60) as response:
-            for line in response.iter_lines():
-                if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                    for chunk_choice in json.loads(line[5:])["choices"]:
-                        streamed.extend(chunk_choice.get("token_ids") or [])
+            for chunk in iter_sse(response.iter_lines()):
+                for chunk_choice in chunk["choices"]:
+                    streamed.extend(chunk_choice.get("token_ids") or [])
         same = streamed == choice.get("token_ids")
         console.print(f"streamed ids {'equal' if same else 'DIFFER FROM'} the non-streamed ids: {streamed}")
         if not same:

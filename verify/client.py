@@ -3,12 +3,11 @@ prompt ids wherever the engine puts them, and per-choice text and token ids."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from toolkit.extras import require
-from toolkit.sse import parse_sse
+from toolkit.sse import iter_sse, parse_sse
 
 require("verify", ("httpx",), "toolkit verify")
 import httpx  # noqa: E402
@@ -105,13 +104,7 @@ class ChatClient:
             if response.status_code != 200:
                 response.read()
                 raise HTTPStatusError(response.status_code, response.text)
-            for line in response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
+            for chunk in iter_sse(response.iter_lines()):
                 outcome.raw.append(chunk)
                 prompt_ids = _prompt_ids(chunk)
                 if prompt_ids is not None:
