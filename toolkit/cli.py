@@ -57,6 +57,17 @@ def _add_common(parser: argparse.ArgumentParser, *, engine: bool = True, python:
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
 
 
+def _add_write_options(p: argparse.ArgumentParser, edited_by: str) -> None:
+    """The options apply-patch and revert share."""
+    _add_common(p)
+    p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
+    p.add_argument("--force", action="store_true",
+                   help=f"also overwrite files changed since they were patched (only those {edited_by})")
+    p.add_argument("--dry-run", action="store_true", help="write nothing")
+    p.add_argument("--diff", action="store_true", help="show unified diffs")
+    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="toolkit", description="Patch installed vLLM and SGLang engines with versioned codemods.")
     parser.add_argument("--version", action="version", version=f"toolkit {__version__}")
@@ -66,23 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, python=False)
 
     p = sub.add_parser("apply-patch", help="apply patches to an installed engine")
-    _add_common(p)
-    p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
-    p.add_argument("--force", action="store_true",
-                   help="also overwrite files changed since they were patched (only those the patches edit)")
-    p.add_argument("--dry-run", action="store_true", help="write nothing")
-    p.add_argument("--diff", action="store_true", help="show unified diffs")
+    _add_write_options(p, "the patches edit")
     p.add_argument("--allow-unknown-version", action="store_true", help="try an engine version outside a patch's specifier")
-    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
 
     p = sub.add_parser("revert", help="restore the engine's original files byte-for-byte")
-    _add_common(p)
-    p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
-    p.add_argument("--force", action="store_true",
-                   help="also overwrite files changed since they were patched (only those the reverted patches edit)")
-    p.add_argument("--dry-run", action="store_true", help="write nothing")
-    p.add_argument("--diff", action="store_true", help="show unified diffs")
-    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+    _add_write_options(p, "the reverted patches edit")
 
     p = sub.add_parser("status", help="which patches are applied, per engine")
     _add_common(p)
