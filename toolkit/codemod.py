@@ -18,6 +18,7 @@ import libcst.matchers as m
 from toolkit.declare import ENGINES, FileEdit, Patch, PatchContext  # noqa: F401 (the names patches import)
 
 RUNTIME_ANCHOR = "runtime-import"
+MODULE = ""  # INSIDE's key for module-level functions
 
 
 def in_method(class_name: str, method: str):
@@ -73,9 +74,9 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
     MULTI_ANCHORS: ClassVar[frozenset[str]] = frozenset()
     RUNTIME: ClassVar[str] = ""
     RUNTIME_ALIAS: ClassVar[str] = ""
-    # Where the edits are, {class name: its method names}; None: anywhere. The pass then skips every
-    # other class body and function (libcst visits nothing the edits cannot be in: a first apply of
-    # a whole engine stays fast).
+    # Where the edits are, {class name: its method names} ({MODULE: names} for module-level functions);
+    # None: anywhere. The pass then skips every other class body and function (libcst visits nothing
+    # the edits cannot be in: a first apply of a whole engine stays fast).
     INSIDE: ClassVar[Mapping[str, frozenset[str]] | None] = None
 
     def __init__(self, context: PatchContext) -> None:
@@ -172,6 +173,21 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
             trailing_whitespace=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "),
                                                        comment=cst.Comment(self.marker)),
         )
+
+    def around(self, function: cst.FunctionDef, statement: m.BaseMatcherNode, anchor: str,
+               new: Sequence[cst.BaseStatement], before: bool = False) -> cst.FunctionDef:
+        """``function`` with ``new`` right before (or after) each statement of its body that matches
+        ``statement``; each match records ``anchor``."""
+        if not isinstance(function.body, cst.IndentedBlock):
+            return function
+        body: list[cst.BaseStatement] = []
+        for item in function.body.body:
+            if m.matches(item, statement):
+                self.hit(anchor)
+                body += [*new, item] if before else [item, *new]
+            else:
+                body.append(item)
+        return function.with_changes(body=function.body.with_changes(body=body))
 
     def mark_this_statement(self) -> None:
         """From an expression's edit: put the marker on the simple statement line that holds it."""
