@@ -48,11 +48,23 @@ def is_field(statement: cst.BaseStatement, name: str | None = None) -> bool:
     return m.matches(statement, m.SimpleStatementLine(body=[m.AnnAssign(target=target)]))
 
 
-def after_last_field(body: Sequence[cst.BaseStatement], statement: cst.BaseStatement) -> list[cst.BaseStatement]:
-    """A class body with ``statement`` after its last field (first when it has none)."""
-    fields = [position for position, item in enumerate(body) if is_field(item)]
+def after_last_field(body: Sequence[cst.BaseStatement], new: cst.BaseStatement | Sequence[cst.BaseStatement],
+                     before_methods: bool = False) -> list[cst.BaseStatement]:
+    """A class body with ``new`` after its last field (first when it has none); with
+    ``before_methods``, the last field that comes before the first method."""
+    new = [new] if isinstance(new, cst.BaseStatement) else list(new)
+    head = body
+    if before_methods:
+        methods = [position for position, item in enumerate(body) if isinstance(item, cst.FunctionDef)]
+        head = body[: methods[0]] if methods else body
+    fields = [position for position, item in enumerate(head) if is_field(item)]
     position = fields[-1] + 1 if fields else 0
-    return [*body[:position], statement, *body[position:]]
+    return [*body[:position], *new, *body[position:]]
+
+
+def with_body(node: cst.ClassDef | cst.FunctionDef, body: Sequence[cst.BaseStatement]):
+    """``node`` with its block's statements replaced."""
+    return node.with_changes(body=node.body.with_changes(body=list(body)))
 
 
 class AnchoredTransformer(m.MatcherDecoratableTransformer):
