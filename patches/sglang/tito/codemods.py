@@ -14,93 +14,20 @@ checked against the model, ``logprob_start_len`` passed on); ``_build_chat_respo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import libcst as cst
 import libcst.matchers as m
 from packaging.version import Version
 
+from toolkit.codemod import (AnchoredTransformer, PatchContext, after_last_field, has_params, in_method, is_field,
+                             with_body)
 from toolkit.patches.sglang.token_ids.codemods import (
     WRAP_SERIALIZER,  # the serializer both patches decorate
 )
-from toolkit.codemod import AnchoredTransformer, PatchContext
 
 RUNTIME = "_toolkit_tito"
-RUNTIME_IMPORT = f"from toolkit.patches.sglang.tito import runtime as {RUNTIME}"
+PACKAGE = "toolkit.patches.sglang.tito"
+SERVING = "OpenAIServingChat"
 NEW_API = Version("0.5.23")  # input_ids upstream; logprob entries built from the engine's raw triples
-
-
-class _TitoTransformer(AnchoredTransformer):
-    """The runtime import (after the module's first import), scope tracking and marked edits."""
-
-    def __init__(self, context: PatchContext) -> None:
-        super().__init__(context)
-        self._scope: list[str] = []  # enclosing class and function names, outermost first
-        self.new_api = context.version >= NEW_API
-
-    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        return self.insert_after_first_import(updated_node, RUNTIME_IMPORT, "runtime-import")
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> None:
-        self._scope.append(node.name.value)
-
-    def leave_ClassDef(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.BaseStatement:
-        self._scope.pop()
-        return self.edit_class(original_node.name.value, updated_node)
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
-        self._scope.append(node.name.value)
-
-    def leave_FunctionDef(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.BaseStatement:
-        self._scope.pop()
-        return self.edit_function(original_node.name.value, updated_node)
-
-    def edit_class(self, name: str, node: cst.ClassDef) -> cst.BaseStatement:
-        return node
-
-    def edit_function(self, name: str, node: cst.FunctionDef) -> cst.BaseStatement:
-        return node
-
-    def _in_method(self, name: str) -> bool:
-        return self._scope[-2:] == ["OpenAIServingChat", name]
-
-    def _decorator(self, code: str) -> cst.Decorator:
-        return cst.Decorator(
-            decorator=cst.parse_expression(code),
-            trailing_whitespace=cst.TrailingWhitespace(
-                whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(self.marker)
-            ),
-        )
-
-    def _marked_line(self, line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
-        trailing = line.trailing_whitespace
-        comment = self.marker if trailing.comment is None else f"{self.marker}  {trailing.comment.value}"
-        return line.with_changes(
-            trailing_whitespace=trailing.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(comment))
-        )
-
-
-def _is_field(statement: cst.BaseStatement, name: str | None = None) -> bool:
-    target = m.Name(name) if name else m.Name()
-    return m.matches(statement, m.SimpleStatementLine(body=[m.AnnAssign(target=target)]))
-
-
-def _after_last_field(body: Sequence[cst.BaseStatement], new: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """``new`` after the class's last field that comes before its first method."""
-    methods = [position for position, item in enumerate(body) if isinstance(item, cst.FunctionDef)]
-    head = body[: methods[0]] if methods else body
-    fields = [position for position, item in enumerate(head) if _is_field(item)]
-    position = fields[-1] + 1 if fields else 0
-    return [*body[:position], *new, *body[position:]]
-
-
-def _with_body(node: cst.ClassDef | cst.FunctionDef, body: Sequence[cst.BaseStatement]):
-    return node.with_changes(body=node.body.with_changes(body=list(body)))
-
-
-def _has_params(function: cst.FunctionDef, *names: str) -> bool:
-    params = {param.name.value for param in (*function.params.posonly_params, *function.params.params)}
-    return all(name in params for name in names)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,9 +43,11 @@ def _toolkit_tito_request(cls, data):
     return {runtime}.normalize_request(data)
 '''
 
-class ProtocolTransformer(_TitoTransformer):
+class ProtocolTransformer(AnchoredTransformer):
+    RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
+    INSIDE = {name: frozenset() for name in  # module-level classes; no method is edited
+              ("ChatCompletionRequest", "TopLogprob", "ChatCompletionTokenLogprob", "ChatCompletionResponse")}
     ANCHORS = {
-        "runtime-import": "the module's first import (the runtime import goes after it)",
         "ChatCompletionRequest": "class ChatCompletionRequest (gets logprob_start_len, input_ids unless present, "
         "and a validator)",
         "TopLogprob": "class TopLogprob (gets a token_id field)",
@@ -127,55 +56,67 @@ class ProtocolTransformer(_TitoTransformer):
         "(prompt_logprobs is left out when None)",
     }
 
-    def edit_class(self, name: str, node: cst.ClassDef) -> cst.BaseStatement:
-        if self._scope:  # module-level classes only
-            return node
-        body = list(node.body.body)
-        if name in ("TopLogprob", "ChatCompletionTokenLogprob"):
-            self.hit(name)
-            new = self.marked_statement("token_id: Optional[int] = None")
-            tokens = [position for position, statement in enumerate(body) if _is_field(statement, "token")]
-            if tokens:  # right after the token it names, as in vLLM's entries
-                return _with_body(node, [*body[: tokens[0] + 1], new, *body[tokens[0] + 1 :]])
-            return _with_body(node, _after_last_field(body, [new]))
-        if name == "ChatCompletionRequest":
-            self.hit("ChatCompletionRequest")
-            fields = [self.marked_statement(LOGPROB_START_FIELD)]
-            if not any(_is_field(statement, "input_ids") for statement in body):
-                fields.insert(0, self.marked_statement(INPUT_IDS_FIELD))
-            validator = cst.parse_module(REQUEST_VALIDATOR.format(runtime=RUNTIME).lstrip()).body[0]
-            assert isinstance(validator, cst.FunctionDef)
-            validator = validator.with_changes(
-                leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(self.marker))]
-            )
-            return _with_body(node, [*_after_last_field(body, fields), validator])
-        if name == "ChatCompletionResponse":
-            found = False
-            for position, statement in enumerate(body):
-                if isinstance(statement, cst.FunctionDef) and any(
-                    m.matches(decorator, WRAP_SERIALIZER) for decorator in statement.decorators
-                ):
-                    self.hit("ChatCompletionResponse.serializer")
-                    decorators = list(statement.decorators)
-                    index = next(i for i, d in enumerate(decorators) if m.matches(d, WRAP_SERIALIZER))
-                    decorators.insert(index + 1, self._decorator(f'{RUNTIME}.omit_when_none("prompt_logprobs")'))
-                    body[position] = statement.with_changes(decorators=decorators)
-                    found = True
-            if found:
-                body = _after_last_field(
-                    body, [self.marked_statement("prompt_logprobs: Optional[List[Optional[Dict[str, Any]]]] = None")]
-                )
-                return _with_body(node, body)
-        return node
+    @m.leave(m.ClassDef(name=m.Name("TopLogprob") | m.Name("ChatCompletionTokenLogprob")))
+    def logprob_token_id(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        self.hit(updated_node.name.value)
+        body = list(updated_node.body.body)
+        new = self.marked_statement("token_id: Optional[int] = None")
+        tokens = [position for position, statement in enumerate(body) if is_field(statement, "token")]
+        if tokens:  # right after the token it names, as in vLLM's entries
+            return with_body(updated_node, [*body[: tokens[0] + 1], new, *body[tokens[0] + 1:]])
+        return with_body(updated_node, after_last_field(body, new, before_methods=True))
+
+    @m.leave(m.ClassDef(name=m.Name("ChatCompletionRequest")))
+    def request_fields(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        self.hit("ChatCompletionRequest")
+        body = list(updated_node.body.body)
+        fields = [self.marked_statement(LOGPROB_START_FIELD)]
+        if not any(is_field(statement, "input_ids") for statement in body):
+            fields.insert(0, self.marked_statement(INPUT_IDS_FIELD))
+        validator = cst.parse_module(REQUEST_VALIDATOR.format(runtime=RUNTIME).lstrip()).body[0]
+        validator = validator.with_changes(
+            leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(self.marker))])
+        return with_body(updated_node, [*after_last_field(body, fields, before_methods=True), validator])
+
+    @m.leave(m.ClassDef(name=m.Name("ChatCompletionResponse")))
+    def prompt_logprobs_field(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        body = list(updated_node.body.body)
+        found = False
+        for position, statement in enumerate(body):
+            if isinstance(statement, cst.FunctionDef) and any(
+                m.matches(decorator, WRAP_SERIALIZER) for decorator in statement.decorators
+            ):
+                self.hit("ChatCompletionResponse.serializer")
+                decorators = list(statement.decorators)
+                index = next(i for i, d in enumerate(decorators) if m.matches(d, WRAP_SERIALIZER))
+                decorators.insert(index + 1, self.marked_decorator(f'{RUNTIME}.omit_when_none("prompt_logprobs")'))
+                body[position] = statement.with_changes(decorators=decorators)
+                found = True
+        if not found:
+            return updated_node
+        field = self.marked_statement("prompt_logprobs: Optional[List[Optional[Dict[str, Any]]]] = None")
+        return with_body(updated_node, after_last_field(body, field, before_methods=True))
 
 
 # --------------------------------------------------------------------------------------------------
 # sglang/srt/entrypoints/openai/serving_chat.py
 
+TEMPLATE_TEST = m.Comparison(
+    left=m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("template_manager")),
+                     attr=m.Name("chat_template_name")),
+    comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))],
+)
+INPUT_IDS_TEST = m.Comparison(
+    left=m.Attribute(value=m.Name("request"), attr=m.Name("input_ids")),
+    comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))],
+)
+MESSAGES_TEST = m.UnaryOperation(operator=m.Not(), expression=m.Attribute(value=m.Name("request"),
+                                                                          attr=m.Name("messages")))
 
-class ServingChatTransformer(_TitoTransformer):
+
+class ServingChatTransformer(AnchoredTransformer):
+    RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
     ANCHORS = {
-        "runtime-import": "the module's first import (the runtime import goes after it)",
         "messages-required": "`if not request.messages:` in OpenAIServingChat._validate_request "
         "(input_ids make messages optional)",
         "_convert_to_internal_request": "OpenAIServingChat._convert_to_internal_request(self, request, ...)",
@@ -193,7 +134,7 @@ class ServingChatTransformer(_TitoTransformer):
         "_build_token_logprobs_from_raw": "OpenAIServingChat._build_token_logprobs_from_raw(self, "
         "output_token_logprobs, output_top_logprobs)",
     }
-    # method -> (anchor, runtime decorator, parameters it must have)
+    # method -> (runtime decorator, parameters it must have)
     DECORATED = {
         "_convert_to_internal_request": ("convert_request", ("request",)),
         "_build_chat_response": ("with_prompt_logprobs", ("request", "ret")),
@@ -201,56 +142,51 @@ class ServingChatTransformer(_TitoTransformer):
         "_process_streaming_logprobs": ("stream_logprob_ids", ("content", "n_prev_token")),
         "_build_token_logprobs_from_raw": ("logprob_ids_from_raw", ("output_token_logprobs", "output_top_logprobs")),
     }
-
-    TEMPLATE_TEST = m.Comparison(
-        left=m.Attribute(value=m.Attribute(value=m.Name("self"), attr=m.Name("template_manager")),
-                         attr=m.Name("chat_template_name")),
-        comparisons=[m.ComparisonTarget(operator=m.Is(), comparator=m.Name("None"))],
-    )
-    INPUT_IDS_TEST = m.Comparison(
-        left=m.Attribute(value=m.Name("request"), attr=m.Name("input_ids")),
-        comparisons=[m.ComparisonTarget(operator=m.IsNot(), comparator=m.Name("None"))],
-    )
-    MESSAGES_TEST = m.UnaryOperation(operator=m.Not(), expression=m.Attribute(value=m.Name("request"),
-                                                                              attr=m.Name("messages")))
+    INSIDE = {SERVING: frozenset({*DECORATED, "_validate_request", "_process_messages"})}
 
     def __init__(self, context: PatchContext) -> None:
         super().__init__(context)
+        self.new_api = context.version >= NEW_API
         self.anchors.update(self.NEW_ANCHORS if self.new_api else self.OLD_ANCHORS)
 
-    def edit_function(self, name: str, node: cst.FunctionDef) -> cst.BaseStatement:
-        if self._scope != ["OpenAIServingChat"] or name not in self.DECORATED or name not in self.anchors:
-            return node
+    @m.leave(m.FunctionDef(name=m.OneOf(*(m.Name(name) for name in DECORATED))))
+    @m.call_if_inside(m.ClassDef(name=m.Name(SERVING)))
+    def decorate(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        name = updated_node.name.value
         decorator, params = self.DECORATED[name]
-        if not _has_params(node, *params):
-            return node  # a changed signature is a missing anchor, reported by name
+        if name not in self.anchors or not has_params(updated_node, *params):
+            return updated_node  # another release's method, or a changed signature: a missing anchor, by name
         self.hit(name)
-        return node.with_changes(decorators=[*node.decorators, self._decorator(f"{RUNTIME}.{decorator}")])
+        return updated_node.with_changes(decorators=[*updated_node.decorators,
+                                                     self.marked_decorator(f"{RUNTIME}.{decorator}")])
 
-    def leave_If(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
-        if self._in_method("_validate_request") and m.matches(updated_node.test, self.MESSAGES_TEST):
-            self.hit("messages-required")
-            test = cst.parse_expression(f"not request.messages and not {RUNTIME}.has_input_ids(request)")
-            return updated_node.with_changes(
-                test=test,
-                whitespace_after_test=cst.SimpleWhitespace(""),
-                body=updated_node.body.with_changes(
-                    header=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(self.marker))
-                ),
-            )
-        if not self._in_method("_process_messages"):
-            return updated_node
+    @m.leave(m.If(test=MESSAGES_TEST))
+    @in_method(SERVING, "_validate_request")
+    def messages_optional_with_input_ids(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
+        self.hit("messages-required")
+        return updated_node.with_changes(
+            test=cst.parse_expression(f"not request.messages and not {RUNTIME}.has_input_ids(request)"),
+            whitespace_after_test=cst.SimpleWhitespace(""),
+            body=updated_node.body.with_changes(
+                header=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(self.marker))),
+        )
+
+    @m.leave(m.If(test=INPUT_IDS_TEST))
+    @in_method(SERVING, "_process_messages")
+    def upstream_input_ids_branch(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         if self.new_api:
-            if m.matches(updated_node.test, self.INPUT_IDS_TEST):
-                self.hit("input-ids-branch")
-            return updated_node
-        if m.matches(updated_node.test, self.TEMPLATE_TEST):
-            self.hit("template-branch")
-            branch = cst.parse_statement(
-                f"if {RUNTIME}.has_input_ids(request):  {self.marker}\n"
-                f"    result = {RUNTIME}.processed_input_ids(request, MessageProcessingResult)\n"
-            )
-            assert isinstance(branch, cst.If)
-            return branch.with_changes(leading_lines=updated_node.leading_lines,
-                                       orelse=updated_node.with_changes(leading_lines=[]))
+            self.hit("input-ids-branch")
         return updated_node
+
+    @m.leave(m.If(test=TEMPLATE_TEST))
+    @in_method(SERVING, "_process_messages")
+    def input_ids_skip_the_template(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
+        if self.new_api:
+            return updated_node
+        self.hit("template-branch")
+        branch = self.marked_statement(
+            f"if {RUNTIME}.has_input_ids(request):\n"
+            f"    result = {RUNTIME}.processed_input_ids(request, MessageProcessingResult)\n"
+        )
+        return branch.with_changes(leading_lines=updated_node.leading_lines,
+                                   orelse=updated_node.with_changes(leading_lines=[]))
