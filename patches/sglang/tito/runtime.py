@@ -26,6 +26,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from toolkit.patches.common.serialize import omit_when_none  # noqa: F401 (the patched serializers call it here)
+
 TOKEN_IDS_RUNTIME = "toolkit.patches.sglang.token_ids.runtime"
 
 
@@ -284,24 +286,6 @@ def with_prompt_logprobs(method: Callable) -> Callable:
         return response
 
     return build
-
-
-def omit_when_none(*names: str) -> Callable[[Callable], Callable]:
-    """Wrap a pydantic ``model_serializer(mode="wrap")`` so the named fields are left out when None."""
-
-    def decorate(serializer: Callable) -> Callable:
-        @functools.wraps(serializer)  # pydantic reads the signature through __wrapped__
-        def serialize(self: Any, handler: Any, *rest: Any) -> Any:
-            data = serializer(self, handler, *rest)
-            if isinstance(data, dict):
-                for name in names:
-                    if getattr(self, name, None) is None:
-                        data.pop(name, None)
-            return data
-
-        return serialize
-
-    return decorate
 
 
 # logprob entries

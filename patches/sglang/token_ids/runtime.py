@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from toolkit.patches.common.env import env_flag
+from toolkit.patches.common.serialize import omit_when_none  # noqa: F401 (the patched serializers call it here)
 
 ENV_FLAG = "TOOLKIT_RETURN_TOKEN_IDS"
 
@@ -63,24 +64,6 @@ def prompt_ids(adapted_request: Any, output: dict | None = None) -> list[int] | 
 
 # --------------------------------------------------------------------------------------------------
 # non-streaming
-
-
-def omit_when_none(*names: str) -> Callable[[Callable], Callable]:
-    """Wrap a pydantic ``model_serializer(mode="wrap")`` so the named fields are left out when None."""
-
-    def decorate(serializer: Callable) -> Callable:
-        @functools.wraps(serializer)  # pydantic reads the signature through __wrapped__
-        def serialize(self: Any, handler: Any, *rest: Any) -> Any:
-            data = serializer(self, handler, *rest)
-            if isinstance(data, dict):
-                for name in names:
-                    if getattr(self, name, None) is None:
-                        data.pop(name, None)
-            return data
-
-        return serialize
-
-    return decorate
 
 
 def add_to_response(response: Any, request: Any, adapted_request: Any, outputs: list[dict]) -> Any:
