@@ -201,6 +201,15 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
                 body.append(item)
         return function.with_changes(body=function.body.with_changes(body=body))
 
+    def before_validator(self, name: str, function: str) -> cst.FunctionDef:
+        """A pydantic ``@model_validator(mode="before")`` classmethod ``name`` that hands the raw request
+        data to ``function`` (a runtime's), under a blank line and the marker."""
+        validator = cst.parse_statement(
+            '@model_validator(mode="before")\n@classmethod\n'
+            f"def {name}(cls, data):\n    return {function}(data)\n")
+        return validator.with_changes(
+            leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(self.marker))])
+
     def mark_this_statement(self) -> None:
         """From an expression's edit: put the marker on the simple statement line that holds it."""
         self._mark_statement = True

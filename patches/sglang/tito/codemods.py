@@ -36,12 +36,6 @@ NEW_API = Version("0.5.23")  # input_ids upstream; logprob entries built from th
 INPUT_IDS_FIELD = "input_ids: Optional[List[int]] = None"
 LOGPROB_START_FIELD = "logprob_start_len: Optional[int] = None"
 
-REQUEST_VALIDATOR = '''
-@model_validator(mode="before")
-@classmethod
-def _toolkit_tito_request(cls, data):
-    return {runtime}.normalize_request(data)
-'''
 
 class ProtocolTransformer(AnchoredTransformer):
     RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
@@ -73,9 +67,7 @@ class ProtocolTransformer(AnchoredTransformer):
         fields = [self.marked_statement(LOGPROB_START_FIELD)]
         if not any(is_field(statement, "input_ids") for statement in body):
             fields.insert(0, self.marked_statement(INPUT_IDS_FIELD))
-        validator = cst.parse_module(REQUEST_VALIDATOR.format(runtime=RUNTIME).lstrip()).body[0]
-        validator = validator.with_changes(
-            leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(self.marker))])
+        validator = self.before_validator("_toolkit_tito_request", f"{RUNTIME}.normalize_request")
         return with_body(updated_node, [*after_last_field(body, fields, before_methods=True), validator])
 
     @m.leave(m.ClassDef(name=m.Name("ChatCompletionResponse")))

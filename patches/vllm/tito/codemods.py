@@ -44,12 +44,6 @@ logprob_start_len: int | None = Field(
 )
 '''
 
-REQUEST_VALIDATOR = '''
-@model_validator(mode="before")
-@classmethod
-def _toolkit_tito_request(cls, data):
-    return {runtime}.normalize_request(data)
-'''
 
 
 class ProtocolTransformer(AnchoredTransformer):
@@ -72,9 +66,7 @@ class ProtocolTransformer(AnchoredTransformer):
         self.hit("ChatCompletionRequest")
         fields = [self.marked_line(s) if isinstance(s, cst.SimpleStatementLine) else s
                   for s in cst.parse_module(REQUEST_FIELDS.lstrip()).body]
-        validator = cst.parse_module(REQUEST_VALIDATOR.format(runtime=RUNTIME).lstrip()).body[0]
-        validator = validator.with_changes(
-            leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(self.marker))])
+        validator = self.before_validator("_toolkit_tito_request", f"{RUNTIME}.normalize_request")
         return with_body(updated_node, [*after_last_field(updated_node.body.body, fields, before_methods=True),
                                         validator])
 
