@@ -5,7 +5,8 @@ and never each other. Standard library only."""
 from __future__ import annotations
 
 import logging
-import os
+
+from toolkit.patches.common.env import env_flag
 
 ENABLE_ENV = "TOOLKIT_ENABLE_PATCHING"
 WORKER_PREFIX = "toolkit_patch_sweep_"
@@ -23,4 +24,4 @@ def log() -> logging.Logger:
 
 
 def enabled() -> bool:
-    return os.environ.get(ENABLE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_flag(ENABLE_ENV)

@@ -17,11 +17,11 @@ The contract (docs/tito.md):
 
 from __future__ import annotations
 
-import os
 from typing import Any, Iterable, Sequence
 
+from toolkit.patches.common.env import env_flag
+
 ENV_RETURN_TOKEN_IDS = "TOOLKIT_RETURN_TOKEN_IDS"
-_TRUE = {"1", "true", "yes", "on"}
 
 
 class TitoValidationError(ValueError):
@@ -42,7 +42,7 @@ def bad_request(message: str, parameter: str) -> Exception:
 
 
 def return_token_ids_by_default() -> bool:
-    return os.environ.get(ENV_RETURN_TOKEN_IDS, "").strip().lower() in _TRUE
+    return env_flag(ENV_RETURN_TOKEN_IDS)
 
 
 def _is_int(value: Any) -> bool:
