@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from toolkit.patches.common.spans import ALL_PROMPT, Span, prompt_char_offsets, resolve_positions
 
-__all__ = ["CapturedRun", "PatchStudy", "PatchStudyError", "Span", "SweepResult"]
+__all__ = ["Activations", "CapturedRun", "PatchStudy", "PatchStudyError", "Span", "SweepResult"]
 
 Cell = tuple[int, int, float]  # (layer, position, value)
 OnCell = Callable[[int, int, "float | None"], None]
@@ -62,6 +62,42 @@ class CapturedRun:
     def from_json(cls, data: dict[str, Any]) -> "CapturedRun":
         return cls(data["name"], data.get("prompt", ""), int(data["num_tokens"]), dict(data.get("captured", {})),
                    list(data.get("prompt_token_ids", [])))
+
+
+@dataclass
+class Activations:
+    """Activations returned by ``/v1/activations``: ``arrays[(hook, layer)]`` is a numpy array
+    [positions, hidden] in the model's dtype (bfloat16 widened to float32)."""
+
+    arrays: dict[tuple[str, int], Any]
+    prompt_token_ids: list[int]
+    positions: list[int]
+    position_tokens: list[str] = field(default_factory=list)
+
+    def __getitem__(self, key: tuple[str, int]) -> Any:
+        return self.arrays[key]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Activations":
+        import base64
+
+        from toolkit.patches.vllm.patch_sweep.arrays import to_numpy
+
+        arrays = {(a["hook"], int(a["layer"])): to_numpy(a["dtype"], a["shape"], base64.b64decode(a["data"]))
+                  for a in data["activations"]}
+        return cls(arrays, list(data["prompt_token_ids"]), list(data["positions"]), list(data["position_tokens"]))
+
+    @classmethod
+    def from_safetensors(cls, blob: bytes) -> "Activations":
+        from toolkit.patches.vllm.patch_sweep.arrays import decode_safetensors, to_numpy
+
+        found, metadata = decode_safetensors(blob)
+        arrays = {}
+        for name, array in found.items():
+            hook, layer = name.rsplit(".", 1)
+            arrays[(hook, int(layer))] = to_numpy(array["dtype"], array["shape"], array["data"])
+        info = {key: json.loads(value) for key, value in metadata.items()}
+        return cls(arrays, info["prompt_token_ids"], info["positions"], info.get("position_tokens", []))
 
 
 @dataclass
@@ -273,6 +309,26 @@ class PatchStudy:
 
     def delete(self, run: str | CapturedRun) -> None:
         self._json("DELETE", f"/v1/patch_runs/{_run_name(run)}")
+
+    # ---------------------------------------------------------------------------------------------
+    # activations
+
+    def activations(self, prompt: str | None = None, *, messages: list[dict[str, str]] | None = None,
+                    prompt_token_ids: Sequence[int] | None = None, layers: Any = "all",
+                    hooks: Sequence[str] = ("post_block",), positions: Any = ALL_PROMPT,
+                    encoding: str = "safetensors") -> Activations:
+        """The activations of one prompt (text, chat ``messages`` or token ids) at ``hooks`` x ``layers``
+        for ``positions`` (integers and :class:`Span` markers), as numpy arrays."""
+        body: dict[str, Any] = {"layers": layers, "hooks": list(hooks), "encoding": encoding,
+                                "positions": positions if positions == ALL_PROMPT else
+                                [p.to_json() if isinstance(p, Span) else p for p in positions]}
+        for key, value in (("prompt", prompt), ("messages", messages),
+                           ("prompt_token_ids", None if prompt_token_ids is None else list(prompt_token_ids))):
+            if value is not None:
+                body[key] = value
+        with self._request("POST", "/v1/activations", body) as response:
+            blob = response.read()
+        return Activations.from_safetensors(blob) if encoding == "safetensors" else Activations.from_json(json.loads(blob))
 
     # ---------------------------------------------------------------------------------------------
     # sweeps

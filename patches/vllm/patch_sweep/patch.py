@@ -14,11 +14,13 @@ PATCH = Patch(
         FileEdit("entrypoints/launchers/api_server/entry.py", (f"{CODEMODS}:EntryTransformer",)),
         FileEdit("v1/worker/worker_base.py", (f"{CODEMODS}:WorkerWrapperTransformer",)),
     ),
-    summary="activation-patching sweeps served by vLLM (TOOLKIT_ENABLE_PATCHING=1): /v1/patch_runs, /v1/patch_sweep",
+    summary="activation-patching sweeps and activation capture served by vLLM (TOOLKIT_ENABLE_PATCHING=1): "
+            "/v1/patch_runs, /v1/patch_sweep, /v1/activations",
     runtime_modules=(
         "toolkit.patches.vllm.patch_sweep.runtime",
         "toolkit.patches.vllm.patch_sweep.server",
         "toolkit.patches.vllm.patch_sweep.worker",
+        "toolkit.patches.vllm.patch_sweep.arrays",
     ),
     verify_checks="toolkit.patches.vllm.patch_sweep.check:CHECKS",
     verify_env=(("TOOLKIT_ENABLE_PATCHING", "1"),),  # the check needs the sweep routes, added only when enabled

@@ -39,8 +39,15 @@ MAX_BYTES_ENV = "TOOLKIT_PATCH_RUNS_MAX_BYTES"
 DEFAULT_MAX_CELLS = 4096
 DEFAULT_MAX_BYTES = 256 << 20
 SWEEP_FIELDS = {"model", "prompt", "source_run", "clean_prompt", "hook", "layers", "positions", "alpha", "answer_token",
-                "answer_token_id", "foil_token", "foil_token_id", "metric", "stream", "baselines"}
+                "answer_token_id", "foil_token", "foil_token_id", "metric", "stream", "baselines", "noise"}
+NOISE_FIELDS = {"positions", "seed", "scale"}
+NOISE_STD_FACTOR = 3.0  # ROME's causal tracing: noise 3x the standard deviation of the embeddings
 CAPTURE_FIELDS = {"model", "prompt", "name", "layers", "hooks"}
+ACTIVATION_HOOKS = HOOKS + ("attn_out", "mlp_out")
+ACTIVATION_FIELDS = {"model", "prompt", "messages", "prompt_token_ids", "hooks", "layers", "positions", "encoding"}
+ENCODINGS = ("base64", "safetensors")
+MAX_ACTIVATION_BYTES_ENV = "TOOLKIT_ACTIVATIONS_MAX_BYTES"
+DEFAULT_MAX_ACTIVATION_BYTES = 64 << 20
 
 
 class BadRequest(Exception):
@@ -64,6 +71,7 @@ class Engine:
         self.client = client
         self.secret = secrets.token_hex(16)
         self.num_layers = 0
+        self.embedding_std = 0.0
         self._installed = False
         self._lock = asyncio.Lock()
 
@@ -76,6 +84,7 @@ class Engine:
             if not self._installed:
                 info = await self.rpc("install", self.secret, int(os.environ.get(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)))
                 self.num_layers = int(info["num_layers"])
+                self.embedding_std = float(info["embedding_std"])
                 self._installed = True
 
     async def tokenizer(self) -> Any:
@@ -108,7 +117,17 @@ class Engine:
         logprobs = final.outputs[0].logprobs[0]
         return {token: float(logprobs[token].logprob) for token in scored}
 
-    async def capture(self, name: str, prompt: str, token_ids: list[int], layers: list[int], hooks: list[str]) -> dict:
+    @property
+    def hidden_size(self) -> int:
+        return int(self.client.model_config.get_hidden_size())
+
+    @property
+    def item_size(self) -> int:
+        dtype = self.client.model_config.dtype
+        return int(getattr(dtype, "itemsize", 4))
+
+    async def _record(self, token_ids: list[int], layers: list[int], hooks: list[str]) -> str:
+        """One forward pass over ``token_ids`` recording (hook, layer) in the worker; the capture's key."""
         key = uuid.uuid4().hex
         plan = {"capture": key, "layers": layers, "hooks": hooks, "n": len(token_ids)}
         try:
@@ -116,6 +135,14 @@ class Engine:
         except BaseException:
             await self.rpc("discard", key)
             raise
+        return key
+
+    async def activations(self, token_ids: list[int], layers: list[int], hooks: list[str], positions: list[int]) -> dict:
+        """The activations at (hook, layer) for ``positions``, taken from the worker as plain data."""
+        return await self.rpc("take", await self._record(token_ids, layers, hooks), positions)
+
+    async def capture(self, name: str, prompt: str, token_ids: list[int], layers: list[int], hooks: list[str]) -> dict:
+        key = await self._record(token_ids, layers, hooks)
         info = await self.rpc("commit", key, name, prompt, token_ids)
         if "error" in info:
             raise BadRequest(info["error"])
@@ -187,8 +214,9 @@ def _token(body: dict, name: str, tokenizer: Any, vocab_size: int, required: boo
     return int(ids[0])
 
 
-def _encode(tokenizer: Any, prompt: str, max_model_len: int, name: str = "prompt") -> list[int]:
-    ids = [int(i) for i in tokenizer.encode(prompt, add_special_tokens=True)]
+def _encode(tokenizer: Any, prompt: str, max_model_len: int, name: str = "prompt",
+            add_special_tokens: bool = True) -> list[int]:
+    ids = [int(i) for i in tokenizer.encode(prompt, add_special_tokens=add_special_tokens)]
     if not ids:
         raise BadRequest(f"{name} encodes to no tokens")
     if len(ids) >= max_model_len:
@@ -202,7 +230,7 @@ class Sweep:
     position_tokens: list[str]
     hook: str
     layers: list[int]
-    positions: list[int]
+    positions: list[Any]  # a column: an int (one position) or a list of ints (a span cell, patched at once)
     alpha: float
     answer: int
     foil: int | None
@@ -212,15 +240,77 @@ class Sweep:
     source_ids: list[int] = field(default_factory=list)
     auto_captured: bool = False
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    noise: dict[str, Any] | None = None  # {"positions", "seed", "scale"}: the corrupt run is the prompt plus noise
+
+    def column(self, j: int) -> list[int]:
+        """The positions cell column ``j`` patches."""
+        value = self.positions[j]
+        return list(value) if isinstance(value, list) else [value]
+
+    def label(self, j: int) -> str:
+        return "".join(self.position_tokens[p] for p in self.column(j))
 
     @property
     def base_metric(self) -> str:
         return "logit_diff" if self.foil is not None else "logprob"
 
     def cells(self) -> list[tuple[int, int]]:
-        skipped = {(s["layer"], s["position"]) for s in self.skipped}
+        skipped = {(s["layer"], _key(s["position"])) for s in self.skipped}
         return [(i, j) for i, layer in enumerate(self.layers) for j, position in enumerate(self.positions)
-                if (layer, position) not in skipped]
+                if (layer, _key(position)) not in skipped]
+
+
+def _key(column: Any) -> Any:
+    return tuple(column) if isinstance(column, list) else column
+
+
+def resolve_columns(value: Any, offsets: Any) -> list[Any]:
+    """The sweep's position axis. ``"all_prompt"`` and integers and spans give one column per token (as
+    ``resolve_positions``); a nested list of integers and spans, or a span with ``"whole": true``, gives
+    one column patching all its tokens at once (a span cell). Duplicate columns are dropped."""
+    if not isinstance(value, list):
+        return resolve_positions(value, offsets)
+    if not value:
+        raise SpanError("positions is empty")
+    columns: list[Any] = []
+    for item in value:
+        if isinstance(item, dict) and "whole" in item:
+            if not isinstance(item["whole"], bool):
+                raise SpanError(f"whole must be true or false, got {item['whole']!r}")
+            group = {k: v for k, v in item.items() if k != "whole"}
+            found = resolve_positions([group], offsets)
+            new = [found] if item["whole"] else found
+        elif isinstance(item, list):
+            new = [resolve_positions(item, offsets)]
+        else:
+            new = resolve_positions([item], offsets)
+        columns += [c for c in new if c not in columns]
+    return columns
+
+
+def parse_noise(value: Any, offsets: Any, embedding_std: float) -> dict[str, Any]:
+    """``{"positions": [...], "seed": int, "scale": number}``: Gaussian noise on those positions'
+    embeddings; ``scale`` defaults to 3x the embeddings' standard deviation (as ROME)."""
+    if not isinstance(value, dict):
+        raise BadRequest('noise must be {"positions": [...], "seed": int, "scale": number (optional)}')
+    unknown = sorted(set(value) - NOISE_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown noise field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(NOISE_FIELDS))}")
+    if "positions" not in value:
+        raise BadRequest("noise.positions is required (the tokens whose embeddings get noise, e.g. [{\"span\": \"Paris\"}])")
+    try:
+        positions = resolve_positions(value["positions"], offsets)
+    except SpanError as exc:
+        raise BadRequest(f"noise.positions: {exc}") from None
+    seed = value.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise BadRequest("noise.seed must be a non-negative integer")
+    scale = value.get("scale")
+    if scale is None:
+        scale = NOISE_STD_FACTOR * embedding_std
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 0:
+        raise BadRequest("noise.scale must be a finite number >= 0 (omit it for 3x the embeddings' std)")
+    return {"positions": positions, "seed": seed, "scale": float(scale)}
 
 
 async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
@@ -250,16 +340,19 @@ async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
         raise BadRequest("stream must be true or false")
     layers = parse_layers(body.get("layers"), engine.num_layers)
     prompt_ids = _encode(tokenizer, prompt, engine.max_model_len)
+    offsets = prompt_char_offsets(tokenizer, prompt, prompt_ids)
     try:
-        positions = resolve_positions(body.get("positions", ALL_PROMPT),
-                                      prompt_char_offsets(tokenizer, prompt, prompt_ids))
+        positions = resolve_columns(body.get("positions", ALL_PROMPT), offsets)
     except SpanError as exc:
         raise BadRequest(str(exc)) from None
+    noise = None if body.get("noise") is None else parse_noise(body["noise"], offsets, engine.embedding_std)
+    if noise is not None and source_run is None and clean_prompt is None:
+        clean_prompt = prompt  # causal tracing: the clean run is the prompt itself, the corrupt run adds noise
     if len(layers) * len(positions) > _max_cells():
         raise BadRequest(f"the grid has {len(layers)} x {len(positions)} = {len(layers) * len(positions)} cells, "
                          f"over this server's limit of {_max_cells()} ({MAX_CELLS_ENV}); sweep fewer layers or positions")
     sweep = Sweep(prompt_ids, [tokenizer.decode([i]) for i in prompt_ids], hook, layers, positions, float(alpha),
-                  answer, foil, metric, baselines)
+                  answer, foil, metric, baselines, noise=noise)
 
     run = await engine.rpc("run", source_run) if source_run else None
     if run is None and clean_prompt is not None:
@@ -274,15 +367,110 @@ async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
     sweep.source_run, sweep.source_ids = run["name"], list(run["prompt_token_ids"])
     captured = set(run["captured"].get(hook, []))
     for layer in layers:
-        for position in positions:
+        for j, position in enumerate(positions):
             if layer not in captured:
                 reason = f"run {run['name']!r} has no {hook} activations at layer {layer}"
-            elif position >= len(sweep.source_ids):
-                reason = f"position {position} is past the end of run {run['name']!r} ({len(sweep.source_ids)} tokens)"
+            elif max(sweep.column(j)) >= len(sweep.source_ids):
+                reason = f"position {max(sweep.column(j))} is past the end of run {run['name']!r} ({len(sweep.source_ids)} tokens)"
             else:
                 continue
             sweep.skipped.append({"layer": layer, "position": position, "reason": reason})
     return sweep
+
+
+# --------------------------------------------------------------------------------------------------
+# activation capture: POST /v1/activations
+
+
+@dataclass
+class ActivationRequest:
+    token_ids: list[int]
+    hooks: list[str]
+    layers: list[int]
+    positions: list[int]
+    encoding: str
+    position_tokens: list[str]
+
+
+async def prepare_activations(engine: Engine, body: Any) -> ActivationRequest:
+    body = _check_fields(body, ACTIVATION_FIELDS)
+    given = [name for name in ("prompt", "messages", "prompt_token_ids") if body.get(name) is not None]
+    if len(given) != 1:
+        raise BadRequest("give exactly one of prompt (text), messages (chat) or prompt_token_ids")
+    tokenizer = await engine.tokenizer()
+    text = None
+    if given[0] == "prompt":
+        text = _string(body, "prompt", required=True)
+        ids = _encode(tokenizer, text, engine.max_model_len)
+    elif given[0] == "messages":
+        text = _chat_text(tokenizer, body["messages"])
+        ids = _encode(tokenizer, text, engine.max_model_len, "messages", add_special_tokens=False)
+    else:
+        ids = body["prompt_token_ids"]
+        if (not isinstance(ids, list) or not ids
+                or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < engine.vocab_size for i in ids)):
+            raise BadRequest(f"prompt_token_ids must be a non-empty list of token ids in 0..{engine.vocab_size - 1}")
+        if len(ids) >= engine.max_model_len:
+            raise BadRequest(f"prompt_token_ids is {len(ids)} tokens; the model's limit is {engine.max_model_len - 1}")
+    hooks = body.get("hooks", ["post_block"])
+    if not isinstance(hooks, list) or not hooks or any(h not in ACTIVATION_HOOKS for h in hooks):
+        raise BadRequest(f"hooks must be a non-empty list drawn from {', '.join(ACTIVATION_HOOKS)}")
+    layers = parse_layers(body.get("layers"), engine.num_layers)
+    encoding = body.get("encoding", "base64")
+    if encoding not in ENCODINGS:
+        raise BadRequest(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    positions_value = body.get("positions", ALL_PROMPT)
+    try:
+        if text is not None:
+            positions = resolve_positions(positions_value, prompt_char_offsets(tokenizer, text, ids))
+        elif positions_value == ALL_PROMPT or (isinstance(positions_value, list) and all(
+                isinstance(p, int) and not isinstance(p, bool) for p in positions_value)):
+            positions = resolve_positions(positions_value, _no_text(len(ids)))
+        else:
+            raise BadRequest("with prompt_token_ids, positions are integers (spans need a text prompt)")
+    except SpanError as exc:
+        raise BadRequest(str(exc)) from None
+    hooks = list(dict.fromkeys(hooks))
+    size = len(positions) * len(layers) * len(hooks) * engine.hidden_size * engine.item_size
+    bound = int(os.environ.get(MAX_ACTIVATION_BYTES_ENV, DEFAULT_MAX_ACTIVATION_BYTES))
+    if size > bound:
+        raise BadRequest(f"the activations would take {size} bytes ({len(layers)} layers x {len(hooks)} hooks x "
+                         f"{len(positions)} positions x {engine.hidden_size} x {engine.item_size} bytes), over this "
+                         f"server's bound of {bound} ({MAX_ACTIVATION_BYTES_ENV}); ask for fewer layers, hooks or positions")
+    return ActivationRequest(list(map(int, ids)), hooks, layers, positions, encoding,
+                             [tokenizer.decode([i]) for i in ids])
+
+
+def _no_text(count: int) -> Any:
+    from toolkit.patches.common.spans import TokenOffsets
+
+    return TokenOffsets("", tuple((0, 0) for _ in range(count)), "token_ids")
+
+
+def _chat_text(tokenizer: Any, messages: Any) -> str:
+    if (not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages)):
+        raise BadRequest('messages must be a non-empty list of {"role": str, "content": str}')
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # no template, or one that refuses these messages
+        raise BadRequest(f"the model's chat template cannot render these messages: {exc}") from None
+
+
+async def run_activations(engine: Engine, request: ActivationRequest) -> tuple[dict[str, Any], dict[str, dict]]:
+    """The response's JSON part and the arrays ("hook.layer" -> dtype, shape, data), in request order."""
+    taken = await engine.activations(request.token_ids, request.layers, request.hooks, request.positions)
+    arrays = {}
+    for hook in request.hooks:
+        for layer in request.layers:
+            name = f"{hook}.{layer}"
+            if name not in taken:
+                raise BadRequest(f"the model recorded no {hook} activations at layer {layer}", status=500)
+            arrays[name] = taken[name]
+    info = {"object": "activations", "prompt_token_ids": request.token_ids, "positions": request.positions,
+            "position_tokens": [request.position_tokens[p] for p in request.positions], "hooks": request.hooks,
+            "layers": request.layers, "bytes": sum(len(a["data"]) for a in arrays.values())}
+    return info, arrays
 
 
 # --------------------------------------------------------------------------------------------------
@@ -306,7 +494,8 @@ def _value(measures: dict[str, float], sweep: Sweep, clean: dict | None, corrupt
 
 async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     scored = [sweep.answer] + ([sweep.foil] if sweep.foil is not None else [])
-    alone = _measures(await engine.score(sweep.prompt_ids, scored), sweep) if sweep.baselines else None
+    noised = {"noise": sweep.noise} if sweep.noise else None  # the corrupt run's plan: noise, no patch
+    alone = _measures(await engine.score(sweep.prompt_ids, scored, noised), sweep) if sweep.baselines else None
     cells = sweep.cells()
     yield "start", {"source_run": sweep.source_run, "auto_captured": sweep.auto_captured, "hook": sweep.hook,
                     "metric": sweep.metric, "layers": sweep.layers, "positions": sweep.positions,
@@ -317,10 +506,10 @@ async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, di
 
     jobs = []
     if sweep.baselines:
-        jobs += [tagged("clean", sweep.source_ids, None), tagged("corrupt", sweep.prompt_ids, None)]
+        jobs += [tagged("clean", sweep.source_ids, None), tagged("corrupt", sweep.prompt_ids, noised)]
     for i, j in cells:
         plan = {"run": sweep.source_run, "layer": sweep.layers[i], "hook": sweep.hook,
-                "positions": [sweep.positions[j]], "alpha": sweep.alpha}
+                "positions": sweep.column(j), "alpha": sweep.alpha, **(noised or {})}
         jobs.append(tagged((i, j), sweep.prompt_ids, plan))
     tasks = [asyncio.ensure_future(job) for job in jobs]
     grid: list[list[float | None]] = [[None] * len(sweep.positions) for _ in sweep.layers]
@@ -357,7 +546,7 @@ async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, di
     yield "summary", {
         "object": "patch_sweep", "hook": sweep.hook, "metric": sweep.metric, "alpha": sweep.alpha,
         "layers": sweep.layers, "positions": sweep.positions,
-        "position_tokens": [sweep.position_tokens[p] for p in sweep.positions], "grid": grid,
+        "position_tokens": [sweep.label(j) for j in range(len(sweep.positions))], "grid": grid, "noise": sweep.noise,
         "baselines": {"clean": base["clean"], "corrupt": base["corrupt"]} if sweep.baselines else None,
         "argmax": best, "skipped": sweep.skipped, "noise_floor": noise,
         "source_run": sweep.source_run, "captured_source_run": sweep.source_run if sweep.auto_captured else None,
@@ -384,21 +573,23 @@ async def _body(raw: Any) -> Any:
         raise BadRequest("the request body is not valid JSON") from None
 
 
+def engine_of(app: Any) -> Engine:
+    """The app's Engine (one per app, made on first use: the engine client exists only once serving)."""
+    state = app.state
+    if getattr(state, "toolkit_patch_sweep", None) is None:
+        state.toolkit_patch_sweep = Engine(state.engine_client)
+    return state.toolkit_patch_sweep
+
+
 def attach(app: Any) -> None:
     from fastapi import APIRouter, Request
     from fastapi.responses import JSONResponse, StreamingResponse
 
     router = APIRouter()
 
-    def engine_of(raw: Request) -> Engine:
-        state = raw.app.state
-        if getattr(state, "toolkit_patch_sweep", None) is None:
-            state.toolkit_patch_sweep = Engine(state.engine_client)
-        return state.toolkit_patch_sweep
-
     async def guarded(raw: Request, handler):
         try:
-            engine = engine_of(raw)
+            engine = engine_of(raw.app)
             await engine.ensure_installed()
             return await handler(engine)
         except BadRequest as exc:
@@ -461,6 +652,27 @@ def attach(app: Any) -> None:
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(sse(), media_type="text/event-stream")
+
+        return await guarded(raw, handler)
+
+    @router.post("/v1/activations")
+    async def activations(raw: Request):
+        async def handler(engine: Engine):
+            import base64
+
+            from fastapi.responses import Response
+
+            from toolkit.patches.vllm.patch_sweep.arrays import encode_safetensors
+
+            request = await prepare_activations(engine, await _body(raw))
+            info, arrays = await run_activations(engine, request)
+            if request.encoding == "safetensors":
+                metadata = {key: json.dumps(value) for key, value in info.items() if key != "object"}
+                return Response(encode_safetensors(arrays, metadata), media_type="application/octet-stream")
+            info["activations"] = [{"hook": name.split(".")[0], "layer": int(name.split(".")[1]),
+                                    "dtype": array["dtype"], "shape": array["shape"],
+                                    "data": base64.b64encode(array["data"]).decode()} for name, array in arrays.items()]
+            return JSONResponse(info)
 
         return await guarded(raw, handler)
 

