@@ -21,6 +21,7 @@ PATCH = Patch(
         "toolkit.patches.vllm.patch_sweep.server",
         "toolkit.patches.vllm.patch_sweep.worker",
         "toolkit.patches.vllm.patch_sweep.arrays",
+        "toolkit.patches.vllm.patch_sweep.steering",
     ),
     verify_checks="toolkit.patches.vllm.patch_sweep.check:CHECKS",
     verify_env=(("TOOLKIT_ENABLE_PATCHING", "1"),),  # the check needs the sweep routes, added only when enabled

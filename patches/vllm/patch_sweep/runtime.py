@@ -15,28 +15,35 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from toolkit.patches.vllm.patch_sweep.shared import ENABLE_ENV, WORKER_PREFIX, enabled, log
+from toolkit.patches.vllm.patch_sweep.shared import (ENABLE_ENV, STEERING_ENV, WORKER_PREFIX, enabled, log,
+                                                     steering_enabled)
 
-__all__ = ["ENABLE_ENV", "attach_routes", "enabled", "force_eager", "worker_method"]
+__all__ = ["ENABLE_ENV", "STEERING_ENV", "attach_routes", "enabled", "force_eager", "steering_enabled", "worker_method"]
 
 
 def attach_routes(app: Any) -> None:
-    if not enabled():
-        return
-    from toolkit.patches.vllm.patch_sweep import server
+    if enabled():
+        from toolkit.patches.vllm.patch_sweep import server
 
-    server.attach(app)
-    log().info("toolkit patch-sweep: /v1/patch_runs and /v1/patch_sweep enabled (%s=1); sweep requests "
-               "skip reading the prefix cache and carry their own cache_salt", ENABLE_ENV)
+        server.attach(app)
+        log().info("toolkit patch-sweep: /v1/patch_runs, /v1/patch_sweep and /v1/activations enabled (%s=1); "
+                   "sweep requests skip reading the prefix cache and carry their own cache_salt", ENABLE_ENV)
+    if enabled() or steering_enabled():
+        from toolkit.patches.vllm.patch_sweep import steering
+
+        steering.attach(app)
+        log().info("toolkit patch-sweep: steering on chat and completions requests is %s (%s=1 turns it on); "
+                   "steered requests carry their own cache_salt",
+                   "on" if steering_enabled() else "off", STEERING_ENV)
 
 
 def force_eager(engine_args: Any) -> None:
-    if not enabled() or getattr(engine_args, "enforce_eager", True):
+    if not (enabled() or steering_enabled()) or getattr(engine_args, "enforce_eager", True):
         return
     engine_args.enforce_eager = True
     log().warning(
-        "toolkit patch-sweep: %s=1 turns on --enforce-eager (forward hooks on the decoder layers do not "
-        "run in compiled mode)", ENABLE_ENV,
+        "toolkit patch-sweep: %s=1 or %s=1 turns on --enforce-eager (forward hooks on the decoder layers do "
+        "not run in compiled mode)", ENABLE_ENV, STEERING_ENV,
     )
 
 

@@ -9,7 +9,9 @@ import logging
 from toolkit.patches.common.env import env_flag
 
 ENABLE_ENV = "TOOLKIT_ENABLE_PATCHING"
+STEERING_ENV = "TOOLKIT_ENABLE_STEERING"
 WORKER_PREFIX = "toolkit_patch_sweep_"
+STEER_KEY = "toolkit_steer"  # the steering plan's key in SamplingParams.extra_args (a stamped JSON string)
 
 
 
@@ -25,3 +27,7 @@ def log() -> logging.Logger:
 
 def enabled() -> bool:
     return env_flag(ENABLE_ENV)
+
+
+def steering_enabled() -> bool:
+    return env_flag(STEERING_ENV)

@@ -23,13 +23,15 @@ the layer (chunked prefill works). Stored runs live in this process, bounded in 
 
 from __future__ import annotations
 
+import functools
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from toolkit.patches.vllm.patch_sweep.shared import log
+from toolkit.patches.vllm.patch_sweep.shared import STEER_KEY, log
 
 HOOKS = ("pre_attn", "post_attn", "post_block")  # points of the residual stream: captured and patched
 PARTS = ("attn_out", "mlp_out")  # the attention and MLP outputs (what each adds to the stream): captured only
@@ -104,16 +106,49 @@ def _begin_step(positions: torch.Tensor, num_rows: int) -> None:
     for index, req_id in enumerate(batch.req_ids[:count]):
         request = runner.requests.get(req_id)
         params = getattr(request, "sampling_params", None)
-        plan = (getattr(params, "extra_args", None) or {}).get(PLAN_KEY)
+        extra = getattr(params, "extra_args", None) or {}
+        plan = extra.get(PLAN_KEY)
+        if STEER_KEY in extra and isinstance(extra[STEER_KEY], str):
+            plan = _steering_plan(extra[STEER_KEY], len(getattr(request, "prompt_token_ids", None) or ()))
         if not isinstance(plan, dict) or STATE.secret is None or plan.get("secret") != STATE.secret:
             continue
         begin, end = int(starts[index]), int(starts[index + 1])
         if end > begin:
             active = _Active(plan, begin, end, int(positions[begin]))
+            if "edits" in plan:
+                STATE.step.append(active)
+                continue
             if "run" in plan:
                 _prepare_patch(active)
             if "capture" in plan or active.patch is not None or "noise" in plan:
                 STATE.step.append(active)
+
+
+@functools.lru_cache(maxsize=256)
+def _steering_plan(text: str, prompt_len: int) -> dict[str, Any] | None:
+    """A steering plan (the API server's stamped JSON, see steering.py) parsed once per request: each
+    edit's vector as a tensor and its positions as a predicate over absolute positions."""
+    try:
+        plan = json.loads(text)
+        edits = [{**edit, "vector": torch.tensor(edit["vector"], dtype=torch.float32) * float(edit["scale"])}
+                 for edit in plan["edits"]]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return {"secret": plan.get("secret"), "edits": edits, "prompt_len": prompt_len}
+
+
+def _steered_rows(active: _Active, where: dict[str, Any]) -> torch.Tensor:
+    """The batch rows of ``active``'s chunk whose absolute positions ``where`` selects."""
+    absolute = torch.arange(active.start, active.start + active.end - active.begin)
+    prompt_len = active.plan["prompt_len"]
+    keep = torch.zeros_like(absolute, dtype=torch.bool)
+    for word in where["words"]:
+        keep |= {"all": absolute >= 0, "prompt": absolute < prompt_len, "generated": absolute >= prompt_len}[word]
+    if where["ints"]:
+        keep |= torch.isin(absolute, torch.tensor(where["ints"], dtype=absolute.dtype))
+    for start, stop in where["ranges"]:
+        keep |= (absolute >= start) & (absolute < stop if stop is not None else True)
+    return torch.nonzero(keep).flatten() + active.begin
 
 
 def _rows_in_chunk(active: _Active, positions: list[int]) -> tuple[list[int], list[int]]:
@@ -185,9 +220,16 @@ def _visit(layer: int, hook: str, hidden: torch.Tensor, residual: torch.Tensor |
     Returns the new ``(hidden, residual)`` when a row was patched, else None."""
     stream = None
     edits: list[tuple[torch.Tensor, torch.Tensor]] = []
+    additions: list[tuple[torch.Tensor, torch.Tensor]] = []
     for active in STATE.step:
         plan = active.plan
-        if "capture" in plan:
+        if "edits" in plan:
+            for edit in plan["edits"]:
+                if edit["layer"] == layer and edit["hook"] == hook:
+                    rows = _steered_rows(active, edit["positions"])
+                    if rows.numel():
+                        additions.append((rows, edit["vector"]))
+        elif "capture" in plan:
             if layer in plan["layers"] and hook in plan["hooks"]:
                 stream = (hidden if residual is None else hidden + residual) if stream is None else stream
                 _record(active, hook, layer, stream)
@@ -198,7 +240,7 @@ def _visit(layer: int, hook: str, hidden: torch.Tensor, residual: torch.Tensor |
             own = stream[rows]
             value = source.to(own.dtype) if alpha == 1.0 else (1.0 - alpha) * own + alpha * source.to(own.dtype)
             edits.append((rows, value))
-    if not edits:
+    if not edits and not additions:
         return None
     hidden = hidden.clone()
     residual = None if residual is None else residual.clone()
@@ -206,6 +248,8 @@ def _visit(layer: int, hook: str, hidden: torch.Tensor, residual: torch.Tensor |
         hidden[rows] = value
         if residual is not None:
             residual[rows] = 0
+    for rows, vector in additions:  # the stream is hidden + residual: adding to hidden adds to the stream
+        hidden[rows] += vector.to(device=hidden.device, dtype=hidden.dtype)
     return hidden, residual
 
 

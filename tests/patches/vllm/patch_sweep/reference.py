@@ -53,6 +53,24 @@ class Noise:
         return torch.randn((len(self.positions), width), generator=generator, dtype=torch.float32) * self.scale
 
 
+@dataclass
+class Steer:
+    """Add ``scale * vector`` to the stream at (hook, layer) at the absolute positions ``selects`` keeps
+    (``selects(position, prompt_len) -> bool``)."""
+
+    layer: int
+    hook: str
+    vector: torch.Tensor
+    selects: Any
+    prompt_len: int
+    scale: float = 1.0
+
+    def add(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` ([1, tokens, hidden]) plus the vector at the selected positions."""
+        keep = torch.tensor([bool(self.selects(p, self.prompt_len)) for p in range(tensor.shape[1])])
+        return tensor + keep[None, :, None].to(tensor.dtype) * (self.scale * self.vector).to(tensor.dtype)
+
+
 class Reference:
     def __init__(self, model_dir: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,7 +92,8 @@ class Reference:
         return token
 
     @torch.no_grad()
-    def run(self, ids: Sequence[int], patch: Patch | None = None, capture: bool = False, noise: Noise | None = None
+    def run(self, ids: Sequence[int], patch: Patch | None = None, capture: bool = False, noise: Noise | None = None,
+            steer: Sequence[Steer] = (), every_position: bool = False
             ) -> tuple[torch.Tensor, dict[tuple[str, int], torch.Tensor]]:
         """Next-token logprobs after ``ids`` ([vocab], float32) and, with ``capture``, the stream at every
         (hook, layer) as [tokens, hidden], plus each layer's attention and MLP outputs (``attn_out``,
@@ -85,6 +104,12 @@ class Reference:
 
         def wants(hook: str, layer: int) -> bool:
             return patch is not None and patch.hook == hook and patch.layer == layer
+
+        def steered(hook: str, layer: int, tensor: torch.Tensor) -> torch.Tensor:
+            for edit in steer:
+                if edit.hook == hook and edit.layer == layer:
+                    tensor = edit.add(tensor)
+            return tensor
 
         def noised(module, args, output):
             out = output.clone()
@@ -99,7 +124,8 @@ class Reference:
                 hidden = args[0] if args else kwargs["hidden_states"]
                 if wants("pre_attn", index):
                     hidden = patch.mix(hidden[0])[None]
-                    args, kwargs = ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+                hidden = steered("pre_attn", index, hidden)
+                args, kwargs = ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
                 inputs[index] = hidden
                 if capture:
                     captured[("pre_attn", index)] = hidden[0].clone()
@@ -111,6 +137,8 @@ class Reference:
                 if wants("post_attn", index):
                     attn_out = patch.mix(stream[0])[None] - inputs[index]
                     stream = inputs[index] + attn_out
+                attn_out = steered("post_attn", index, attn_out)
+                stream = inputs[index] + attn_out
                 if capture:
                     captured[("post_attn", index)] = stream[0].clone()
                     captured[("attn_out", index)] = attn_out[0].clone()
@@ -120,6 +148,7 @@ class Reference:
                 hidden = output[0] if isinstance(output, tuple) else output
                 if wants("post_block", index):
                     hidden = patch.mix(hidden[0])[None]
+                hidden = steered("post_block", index, hidden)
                 if capture:
                     captured[("post_block", index)] = hidden[0].clone()
                 return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
@@ -132,11 +161,30 @@ class Reference:
                         layer.self_attn.register_forward_hook(attn), layer.mlp.register_forward_hook(mlp),
                         layer.register_forward_hook(post, with_kwargs=True)]
         try:
-            logits = self.model(torch.tensor([list(ids)])).logits[0, -1].float()
+            logits = self.model(torch.tensor([list(ids)])).logits[0].float()
+            logits = logits if every_position else logits[-1]
         finally:
             for handle in handles:
                 handle.remove()
         return torch.log_softmax(logits, dim=-1), captured
+
+
+def steered_logprobs(ref: Reference, prompt_ids: Sequence[int], generated: Sequence[int], steer: Sequence[Steer]
+                     ) -> list[float]:
+    """The logprob of each generated token given everything before it, steered (one full forward pass
+    over prompt + generated: steering earlier positions changes what later ones attend to, exactly as
+    cached steered KV does in the engine)."""
+    ids = list(prompt_ids) + list(generated)
+    logprobs = ref.run(ids[:-1], steer=steer, every_position=True)[0]
+    return [float(logprobs[len(prompt_ids) - 1 + i, token]) for i, token in enumerate(generated)]
+
+
+def steered_greedy(ref: Reference, prompt_ids: Sequence[int], steps: int, steer: Sequence[Steer]) -> list[int]:
+    """Greedy tokens under steering, one full forward pass per token."""
+    ids = list(prompt_ids)
+    for _ in range(steps):
+        ids.append(int(ref.run(ids, steer=steer)[0].argmax()))
+    return ids[len(prompt_ids):]
 
 
 def measures(logprobs: torch.Tensor, answer: int, foil: int | None) -> dict[str, float]:

@@ -160,3 +160,18 @@ def test_client_without_libcst_runs_a_sweep_against_a_real_server(sweep_server):
     out = _client_only(sweep_server.base_url)
     grid = ast.literal_eval(out.split("GRID ", 1)[1].splitlines()[0])
     assert len(grid) == 1 and len(grid[0]) == 3 and all(isinstance(v, float) for v in grid[0])
+
+
+def test_steering_is_refused_unless_the_server_enables_it(monkeypatch):
+    """The switch is read before anything else, so no engine is needed to see the refusal (the server
+    tests run with it on)."""
+    import asyncio
+
+    from toolkit.patches.vllm.patch_sweep import steering
+
+    monkeypatch.delenv("TOOLKIT_ENABLE_STEERING", raising=False)
+    with pytest.raises(steering.BadRequest, match="steering is off on this server"):
+        asyncio.run(steering.rewrite(None, {"prompt": "x", "steering": []}))
+    monkeypatch.setenv("TOOLKIT_ENABLE_STEERING", "0")
+    with pytest.raises(steering.BadRequest, match="TOOLKIT_ENABLE_STEERING=1"):
+        asyncio.run(steering.rewrite(None, {"prompt": "x", "steering": []}))
