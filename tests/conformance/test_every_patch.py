@@ -15,17 +15,15 @@ others exactly as applied without it, and reverting all is byte-identical. A new
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.harness.fixtures import REPO_ROOT, ensure_source_tree
+from tests.harness.golden import copy_files, digests, golden_problems
 from toolkit import engine
-from toolkit.discovery import InstalledEngine
 from toolkit.sources import load_source
 from toolkit.transform import run_transformers
 
@@ -58,22 +56,6 @@ def _tree(dist: str, version: str):
     return load_source(ensure_source_tree(dist, version))
 
 
-def _copy(tree, relpaths: list[str], tmp_path: Path) -> InstalledEngine:
-    """A site with just the edited files of ``tree``'s package: the engine reads nothing else."""
-    package_dir = tmp_path / "site" / tree.package
-    for relpath in relpaths:
-        target = package_dir / relpath
-        target.parent.mkdir(parents=True, exist_ok=True)
-        data = tree.read(relpath)
-        assert data is not None, f"{tree.distribution} {tree.version} has no {relpath}"
-        target.write_bytes(data)
-    return InstalledEngine(tree.engine, tree.distribution, tree.version, str(package_dir), sys.executable)
-
-
-def _digests(installed: InstalledEngine, relpaths: list[str]) -> dict[str, str]:
-    return {r: hashlib.sha256((Path(installed.package_dir) / r).read_bytes()).hexdigest() for r in relpaths}
-
-
 def _patch(patch_id: str, engine_name: str):
     return next(p for p in engine.registry() if p.id == patch_id and p.engine == engine_name)
 
@@ -88,7 +70,6 @@ def test_every_registered_patch_declares_a_fetched_tree():
 def test_patch_conforms_on_the_real_tree(patch_id, dist, version, tmp_path):
     tree = _tree(dist, version)
     patch = _patch(patch_id, tree.engine)
-    relpaths = [edit.relpath for edit in patch.files]
 
     # anchors, reported one by one
     for edit in patch.files:
@@ -97,25 +78,8 @@ def test_patch_conforms_on_the_real_tree(patch_id, dist, version, tmp_path):
         missing = [(name, a.name, a.problem) for name, a in outcome.anchors if not a.ok]
         assert missing == [], missing
 
-    installed = _copy(tree, relpaths, tmp_path)
-    before = _digests(installed, relpaths)
-
-    result = engine.apply(installed, [patch_id])
-    assert sorted(result.changed_files) == sorted(relpaths)
-    for relpath in relpaths:
-        text = (Path(installed.package_dir) / relpath).read_text()
-        compile(text, relpath, "exec")
-        assert f"# toolkit:{patch_id}" in text, relpath
-    assert [s.state for s in engine.status(installed) if s.patch_id == patch_id] == [engine.APPLIED]
-
-    again = engine.apply(installed, [patch_id])
-    assert again.changed_files == [], "a second apply must have nothing to do"
-
-    engine.revert(installed, [patch_id])
-    assert _digests(installed, relpaths) == before
-    state = installed.site_dir / ".toolkit-state" / tree.engine
-    assert sorted(p.name for p in state.iterdir()) == ["lock"], "no manifest and no backups left behind"
-    assert {s.state for s in engine.status(installed) if s.patch_id == patch_id} == {engine.NOT_APPLIED}
+    # apply on a copy of its files, compile, marker, status, idempotent, byte-identical revert
+    assert golden_problems(tree, patch, tmp_path) == []
 
 
 @pytest.mark.parametrize("dist,version", SOURCES, ids=[f"{d}-{v}" for d, v in SOURCES])
@@ -123,18 +87,18 @@ def test_all_patches_of_a_tree_compose_and_revert_one_by_one(dist, version, tmp_
     tree = _tree(dist, version)
     patches = [p for p in engine.registry() if p.engine == tree.engine and p.supports(version)]
     relpaths = sorted({edit.relpath for p in patches for edit in p.files})
-    installed = _copy(tree, relpaths, tmp_path)
-    before = _digests(installed, relpaths)
+    installed = copy_files(tree, relpaths, tmp_path)
+    before = digests(installed, relpaths)
 
     # one at a time in reverse registry order, then checked against applying all at once
     for patch in reversed(patches):
         engine.apply(installed, [patch.id])
-    one_by_one = _digests(installed, relpaths)
+    one_by_one = digests(installed, relpaths)
     engine.revert(installed)
-    assert _digests(installed, relpaths) == before
+    assert digests(installed, relpaths) == before
 
     engine.apply(installed)
-    assert _digests(installed, relpaths) == one_by_one, "the result must not depend on the order of applies"
+    assert digests(installed, relpaths) == one_by_one, "the result must not depend on the order of applies"
     for relpath in relpaths:
         compile((Path(installed.package_dir) / relpath).read_text(), relpath, "exec")
     # Reverting one patch leaves the others exactly as if it had never been applied.
@@ -142,11 +106,11 @@ def test_all_patches_of_a_tree_compose_and_revert_one_by_one(dist, version, tmp_
         others = [p.id for p in patches if p.id != patch.id]
         engine.revert(installed)
         engine.apply(installed, others)
-        without = _digests(installed, relpaths)
+        without = digests(installed, relpaths)
         engine.apply(installed, [patch.id])
         engine.revert(installed, [patch.id])
-        assert _digests(installed, relpaths) == without, f"reverting {patch.id} disturbed {others}"
+        assert digests(installed, relpaths) == without, f"reverting {patch.id} disturbed {others}"
         assert {s.patch_id: s.state for s in engine.status(installed)}[patch.id] == engine.NOT_APPLIED
     engine.revert(installed)
-    assert _digests(installed, relpaths) == before
+    assert digests(installed, relpaths) == before
     shutil.rmtree(tmp_path / "site")
