@@ -9,6 +9,10 @@ model (scripts/make_tiny_model.py). The study: clean "The cat sat on the mat.", 
 the mat.", ``post_attn``, every layer and prompt position, ``metric="recovered"`` on the logit
 difference of " the" and " a", auto-capturing the clean prompt in the same call. Writes
 ``OUT/patch-sweeps-heatmap.png`` and prints the terminal rendering and the result.
+
+Then the examples of the other sections of the doc, on the same server: a sweep with span cells, a
+causal-tracing sweep with noise on the subject's embeddings, activations as numpy arrays, and a
+completion with and without a steering vector.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ def main() -> int:
         result = study.sweep_layers_positions(CORRUPT, clean_prompt=CLEAN, layers="all", positions="all_prompt",
                                               hook="post_attn", answer_token=" the", foil_token=" a",
                                               metric="recovered")
+        other_examples(study, server.base_url, model)
     args.out.mkdir(parents=True, exist_ok=True)
     png = result.plot(args.out / "patch-sweeps-heatmap.png", title=f"recovered, post_attn: {CORRUPT!r} <- {CLEAN!r}")
     print(result.to_text(width=100))
@@ -48,6 +53,41 @@ def main() -> int:
           f"({result.captured_source_run}); baselines {result.baselines}; noise floor {result.noise_floor}")
     print(f"wrote {png}")
     return 0
+
+
+def _post(base_url: str, path: str, body: dict) -> dict:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def other_examples(study, base_url: str, model: str) -> None:
+    import numpy as np
+
+    from toolkit.patches.vllm.patch_sweep.client import Span
+
+    spans = _post(base_url, "/v1/patch_sweep", {
+        "prompt": CORRUPT, "clean_prompt": CLEAN, "layers": "all", "hook": "post_block",
+        "positions": [{"span": "dog", "whole": True}, [5, 6, 7], 0], "answer_token": " the", "foil_token": " a",
+        "metric": "recovered"})
+    print("span cells:", {k: spans[k] for k in ("positions", "position_tokens", "grid")})
+    traced = _post(base_url, "/v1/patch_sweep", {
+        "prompt": CLEAN, "noise": {"positions": [{"span": "cat"}], "seed": 0}, "layers": "all",
+        "positions": "all_prompt", "answer_token": " the", "foil_token": " a", "metric": "recovered"})
+    print("noise:", {k: traced[k] for k in ("noise", "baselines", "grid")})
+    acts = study.activations(CLEAN, layers=[1], hooks=["post_block", "mlp_out"], positions=[Span("mat")])
+    for key, array in acts.arrays.items():
+        print("activations:", key, array.shape, array.dtype, np.round(array[0, :4], 4).tolist())
+    vector = np.random.default_rng(0).normal(size=64).round(3).tolist()
+    base = {"model": model, "prompt": CLEAN, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    plain = _post(base_url, "/v1/completions", base)["choices"][0]["text"]
+    steered = _post(base_url, "/v1/completions", {**base, "steering": [
+        {"layer": 1, "vector": vector, "scale": 4.0, "positions": "all"}]})["choices"][0]["text"]
+    print(f"steering: plain {plain!r}; steered {steered!r}")
 
 
 if __name__ == "__main__":
