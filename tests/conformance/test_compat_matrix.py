@@ -1,0 +1,88 @@
+"""scripts/compat_matrix.py's core on one real release, SGLang 0.5.23, without network.
+
+The slim tree is built from the release tree scripts/fetch_sources.py already unpacked (what the
+conformance suite uses), into a temporary cache: the matrix's slimming, its per-patch anchors and
+golden check, and its grouping by sha256 run exactly as for the published docs/compatibility.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness.fixtures import REPO_ROOT, ensure_source_tree
+from toolkit.sources import load_source
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    spec = importlib.util.spec_from_file_location("_toolkit_compat_matrix", REPO_ROOT / "scripts" / "compat_matrix.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def slim(matrix, tmp_path, monkeypatch) -> Path:
+    """sglang 0.5.23's slim tree, built by the script's own ensure_slim in a temporary slim cache."""
+    unpacked = ensure_source_tree("sglang", "0.5.23")
+    assert matrix.fetch_sources.source_dir("sglang", "0.5.23") == unpacked
+    monkeypatch.setattr(matrix, "slim_dir", lambda dist, version: tmp_path / f"{dist}-{version}")
+    return matrix.ensure_slim("sglang", "0.5.23", offline=True)
+
+
+def test_the_slim_tree_holds_only_the_edited_files_and_the_metadata(matrix, slim):
+    needed = matrix.edited_files("sglang")
+    assert "srt/entrypoints/openai/serving_chat.py" in needed
+    files = sorted(str(p.relative_to(slim)) for p in slim.rglob("*") if p.is_file())
+    assert files == sorted([".toolkit-slim", "sglang-0.5.23.dist-info/METADATA"] + [f"sglang/{r}" for r in needed])
+    unpacked = ensure_source_tree("sglang", "0.5.23")
+    for relpath in needed:
+        assert (slim / "sglang" / relpath).read_bytes() == (unpacked / "sglang" / relpath).read_bytes(), relpath
+    tree = load_source(slim)
+    assert (tree.engine, tree.distribution, tree.version) == ("sglang", "sglang", "0.5.23")
+
+    # A complete slim tree is taken as it is; one lacking a file a patch now edits is rebuilt.
+    marker = slim / matrix.SLIM_MARKER
+    stamp = marker.stat().st_mtime_ns
+    assert matrix.ensure_slim("sglang", "0.5.23", offline=True) == slim
+    assert marker.stat().st_mtime_ns == stamp
+    (slim / "sglang" / needed[0]).unlink()
+    marker.write_text('{"requested": []}\n')
+    matrix.ensure_slim("sglang", "0.5.23", offline=True)
+    assert (slim / "sglang" / needed[0]).is_file()
+
+
+def test_matrix_rows_of_sglang_0_5_23(matrix, slim):
+    cells = {cell.patch: cell for cell in matrix.evaluate(load_source(slim))}
+    assert {"token-ids", "tito", "superlinear-backend"} <= set(cells)
+
+    for patch_id in ("token-ids", "tito"):
+        cell = cells[patch_id]
+        assert cell.declared, patch_id
+        assert cell.anchors_total > 0 and cell.anchors_found == cell.anchors_total and cell.missing == [], cell
+        assert cell.golden == "ok", cell.golden
+    # token-ids and tito edit the same two files: one digest, so one behaviour group.
+    assert cells["token-ids"].digest == cells["tito"].digest
+
+    # 0.5.23 has SGLang's attention-backend plugin mechanism: the in-tree patch finds all but one anchor,
+    # so the apply would refuse (fail closed) and is not tried.
+    backend = cells["superlinear-backend"]
+    assert not backend.declared
+    assert backend.anchors_total - backend.anchors_found == 1 and len(backend.missing) == 1, backend.missing
+    assert backend.missing[0].startswith("srt/server_args.py: "), backend.missing
+    assert backend.golden == "n/a"
+    assert backend.digest != cells["tito"].digest
+
+    matrix.assign_groups(list(cells.values()))
+    assert {cell.group for cell in cells.values()} == {"g1"}
+
+    # The document carries every row, and the hand-written notes survive a rewrite.
+    doc = matrix.document(list(cells.values()), "python scripts/compat_matrix.py --write-doc", "- a note\n")
+    assert f"| sglang 0.5.23 | tito | yes | {cells['tito'].anchors_total}/{cells['tito'].anchors_total} | ok |" in doc
+    assert "| sglang 0.5.23 | superlinear-backend | no |" in doc
+    assert matrix.kept_notes(doc) == "- a note\n"
