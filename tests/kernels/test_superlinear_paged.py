@@ -305,13 +305,15 @@ def test_paged_kernels_run_in_the_interpreter(triton_device):
         assert type(kernel).__name__ == "InterpretedFunction"
 
 
+def _map_kv(kv: PagedKV, fn) -> PagedKV:
+    fields = ("key_cache", "value_cache", "block_table", "seq_lens", "table_rows", "key_perm", "value_perm")
+    return PagedKV(*(None if getattr(kv, f) is None else fn(getattr(kv, f)) for f in fields))
+
+
 def _on(batch: Batch, device: str) -> Batch:
     if device == "cpu":
         return batch
-    kv = batch.kv
-    move = lambda x: None if x is None else x.to(device)  # noqa: E731
-    kv = PagedKV(*(move(getattr(kv, f)) for f in ("key_cache", "value_cache", "block_table", "seq_lens",
-                                                   "table_rows", "key_perm", "value_perm")))
+    kv = _map_kv(batch.kv, lambda x: x.to(device))
     return Batch(kv, batch.dense, batch.seq_lens, batch.query_lens, batch.query_start,
                  batch.query.to(device), batch.search_query.to(device))
 
@@ -466,3 +468,21 @@ def test_serving_batch_triton_equals_gather_path(case, triton_device):
     if rows.numel():
         _assert_rows(triton.cpu(), gather, rows)
         _assert_rows(gather, reference_rows(batch, params), rows)
+
+
+@pytest.mark.parametrize("layout, block_size", [("row-major", 16), ("token-pool", 1)])
+def test_paged_triton_decode_reads_no_request_data_on_the_host(layout, block_size, triton_device):
+    # The CUDA-graph condition, checkable on CPU: every tensor of the step is RequestData, so any
+    # .item()/.tolist()/int()/bool() of it (or of anything computed from it) raises.
+    from tests.harness.host_reads import plain, request_data
+
+    params = SuperlinearParams(sw_index=2, topk=2, forward_factor=1.0)
+    batch = build_batch([150, 33, 90], [1, 1, 1], 2, 4, 32, block_size, layout, seed=6)
+    dev = _on(batch, triton_device)
+    superlinear_decode_paged(dev.query, dev.kv, dev.search_query, impl="triton", **kwargs_of(params))  # tables first
+    out = superlinear_decode_paged(request_data(dev.query), _map_kv(dev.kv, request_data), request_data(dev.search_query),
+                                   impl="triton", **kwargs_of(params))
+    _assert_rows(plain(out).cpu(), reference_rows(batch, params, decode=True), torch.arange(3))
+    with pytest.raises(AssertionError, match="read on the host"):  # the guard works: the CPU path reads
+        superlinear_decode_paged(request_data(batch.query), _map_kv(batch.kv, request_data), impl="gather",
+                                 **kwargs_of(params))

@@ -7,7 +7,8 @@ its forward on vLLM's logical cache tensor with the NHD and HND physical layouts
 kernels read K/V through the block table.  Ragged batches (decodes first, a chunk over a cached
 prefix, a prompt) equal the naive reference; in the covering regime they equal dense attention; a
 decode batch built for CUDA-graph capture and then replayed with new lengths in the same tensors
-equals the reference for the new lengths.
+equals the reference for the new lengths, also when every request tensor refuses host reads
+(``tests/harness/host_reads.py``: no synchronisation, no data-dependent shape).
 
 The vLLM venvs have no Triton (vLLM's CPU build ships without it): the driver imports the dev
 venv's ``triton`` package (same Python, same torch) through ``PYTHONPATH``, and only the kernels
@@ -76,6 +77,6 @@ def test_cuda_backend_forward_equals_reference_on_vllms_gpu_cache_layout(env_nam
     for name, case in cases.items():
         for key, error in case.items():
             if key.startswith(("vs_", "replay_", "capture_")):
-                assert error <= 1e-5, (name, key, error)
+                assert isinstance(error, float) and error <= 1e-5, (name, key, error)
     assert cases["NHD/default"]["num_decodes"] == 3 and cases["NHD/covering"]["num_decodes"] == 2
     assert cases["graph_decode"]["num_decodes"] == 3
