@@ -47,7 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from toolkit.kernels.superlinear import superlinear_attention, superlinear_decode  # noqa: E402
 from toolkit.kernels.superlinear.paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged  # noqa: E402
-from toolkit.kernels.superlinear.spans import SuperlinearParams, span_geometry  # noqa: E402
+from toolkit.kernels.superlinear.attention_spans import SuperlinearParams, span_geometry  # noqa: E402
 
 HEADS, KV_HEADS, DIM, BATCH = 8, 2, 64, 1
 PAGED_BLOCK_SIZE = 16  # vLLM's default block size
@@ -320,14 +320,15 @@ def gpu_suite(lengths: list[int], decode_lengths: list[int], repeats: int, dry_r
         for length in lens:
             q, k, v = make_qkv(length, dtype, device, query_len=None if kind == "prefill" else 1)
             if kind == "prefill":
-                dense_fn = lambda: dense_call(lambda a, b, c: F.scaled_dot_product_attention(  # noqa: E731
+                dense_fn = lambda q=q, k=k, v=v: dense_call(lambda a, b, c: F.scaled_dot_product_attention(  # noqa: E731
                     a, b, c, is_causal=True, enable_gqa=True), q, k, v)
-                sl_fn = lambda: superlinear_attention(q, q, k, v, impl="triton", **PARAMS)  # noqa: E731
+                sl_fn = lambda q=q, k=k, v=v: superlinear_attention(q, q, k, v, impl="triton", **PARAMS)  # noqa: E731
             else:
                 pos = torch.tensor([length - 1], device=device)
-                dense_fn = lambda: dense_call(lambda a, b, c: F.scaled_dot_product_attention(  # noqa: E731
+                dense_fn = lambda q=q, k=k, v=v: dense_call(lambda a, b, c: F.scaled_dot_product_attention(  # noqa: E731
                     a, b, c, enable_gqa=True), q, k, v)
-                sl_fn = lambda: superlinear_decode(q, q, k, v, pos, impl="triton", **PARAMS)  # noqa: E731
+                sl_fn = lambda q=q, k=k, v=v, pos=pos: superlinear_decode(  # noqa: E731
+                    q, q, k, v, pos, impl="triton", **PARAMS)
             if paged:  # the same keys in a shuffled paged cache, read through the block table
                 sl_fn = paged_fn(kind, q, k, v)
             check = None

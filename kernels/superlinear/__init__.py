@@ -2,7 +2,7 @@
 
 Public entry points (``api``): ``superlinear_attention`` (prefill and prefill chunks),
 ``superlinear_decode`` (one query per row, per-row positions), ``superlinear_search`` (the spans
-each query selects).  ``spans`` holds the exact-integer span arithmetic all implementations share.
+each query selects).  ``attention_spans`` holds the exact-integer span arithmetic all implementations share.
 Implementations: ``naive`` (dense masks, tests only), ``gather`` (PyTorch, CPU and fallback),
 ``triton`` (GPU kernels).
 
@@ -20,7 +20,7 @@ from .api import (
     superlinear_search,
 )
 from .paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged
-from .spans import SpanGeometry, SuperlinearParams, span_geometry
+from .attention_spans import SpanGeometry, SuperlinearParams, span_geometry
 
 __all__ = [
     "IMPLEMENTATIONS",

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from .spans import SuperlinearParams
+from .attention_spans import SuperlinearParams
 
 IMPLEMENTATIONS = ("auto", "triton", "gather", "naive")
 MAX_HEAD_DIM = 256
@@ -167,7 +167,7 @@ def superlinear_search(
     which = resolve_impl(impl, q1.device)
     if which == "naive":
         from .naive import naive_search
-        from .spans import key_start, normalize_key_mask, normalize_positions, span_bounds, span_geometry
+        from .attention_spans import key_start, normalize_key_mask, normalize_positions, span_bounds, span_geometry
         batch, _, query_len, _ = q1.shape
         key_len = k.shape[2]
         cpu = torch.device("cpu")

@@ -5,7 +5,7 @@ spans) plus the window; nothing of size L_Q x L_KV is ever built.  Prefill runs 
 
 1. search: gather the K rows on each query's stripes (once per KV head, shared by the query heads
    of its group), one batched mat-mul with Q1, exact top-k (``select_topk``);
-2. spans: ``spans.span_bounds`` (the shared integer tables);
+2. spans: ``attention_spans.span_bounds`` (the shared integer tables);
 3. span attention: pairs (query, span) are tiled by key-block footprint (``tiling``) so QK^T and
    PV are real matrix products (PyTorch's fused CPU flash-attention kernel with a band mask);
    each pair yields softmax partials (log-sum-exp, normalised output);
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .spans import (
+from .attention_spans import (
     SpanGeometry,
     SuperlinearParams,
     check_positions,
@@ -141,7 +141,7 @@ def select_topk(scores: torch.Tensor, valid: torch.Tensor | None, topk: int) -> 
 
     ``valid`` (broadcasting against ``scores``, None = all) marks real candidates; ``scores`` is
     masked in place.  Returns indices ``[..., k]`` best first and whether each is a real candidate.
-    Ties are broken as ``spans.ordered_score_key`` says (the farther stripe wins).  A float top-k
+    Ties are broken as ``attention_spans.ordered_score_key`` says (the farther stripe wins).  A float top-k
     of k + 1 finds the winners; only rows whose k-th and (k+1)-th scores are equal (a tie at the
     boundary: exactly equal dot products) are redone with the exact integer key.
     """

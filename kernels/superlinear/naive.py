@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .spans import (
+from .attention_spans import (
     SuperlinearParams,
     check_positions,
     key_start,

@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .api import make_params, resolve_impl, superlinear_attention, superlinear_decode, superlinear_search
-from .spans import SpanGeometry, span_geometry
+from .attention_spans import SpanGeometry, span_geometry
 
 # Digits of a probe value: small integers are exact in fp32, bf16 and fp16 alike.
 PROBE_BASE = 16

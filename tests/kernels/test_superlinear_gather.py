@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from toolkit.kernels.superlinear.gather import gather_superlinear_attention, gather_superlinear_decode
 from toolkit.kernels.superlinear.naive import naive_superlinear_attention
-from toolkit.kernels.superlinear.spans import SuperlinearParams
+from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
 
 from .conftest import left_padding_mask, make_inputs, normal_tensor
 

@@ -25,7 +25,7 @@ from toolkit.kernels.superlinear.paged import (
     superlinear_attention_paged,
     superlinear_decode_paged,
 )
-from toolkit.kernels.superlinear.spans import SuperlinearParams, span_geometry
+from toolkit.kernels.superlinear.attention_spans import SuperlinearParams, span_geometry
 
 from .conftest import dense_causal_reference, exact_scores_tensor, normal_tensor
 

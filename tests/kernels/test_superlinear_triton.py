@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from toolkit.kernels.superlinear.naive import naive_superlinear_attention
-from toolkit.kernels.superlinear.spans import SuperlinearParams
+from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
 
 from .conftest import kernels_are_interpreted, left_padding_mask, make_inputs
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..spans import span_geometry
+from ..attention_spans import span_geometry
 from .common import (
     block_dim,
     decode_part_range,

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..spans import span_bounds, span_geometry
+from ..attention_spans import span_bounds, span_geometry
 from ..tiling import build_span_tiles
 from .common import (
     block_dim,

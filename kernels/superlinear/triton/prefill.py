@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from ..spans import (
+from ..attention_spans import (
     SuperlinearParams,
     key_start,
     normalize_key_mask,

@@ -5,7 +5,7 @@ walks the stripes nearest first; on stripe j the anchors of consecutive queries 
 key rows (``pos + 1 - F(j)``), so each step is one coalesced ``[BLOCK_Q, D]`` load, shared by the
 group's query heads, and row-wise dot products with Q1 in fp32.  The top-k
 is kept as an unsorted set of k (score, anchor) slots per query: a candidate replaces the set's
-worst entry when it is better, with the total order of ``spans.ordered_score_key`` (higher score;
+worst entry when it is better, with the total order of ``attention_spans.ordered_score_key`` (higher score;
 on equal scores the farther, i.e. smaller, anchor).  The order inside the set is fixed on the host.
 K is never repeated; each K row is read once per group instead of once per query head.
 """

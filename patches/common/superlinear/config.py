@@ -31,7 +31,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from toolkit.kernels.superlinear.spans import SuperlinearParams
+from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
 from toolkit.patches.common.superlinear.switch import (  # noqa: F401 (re-exported)
     BACKEND_ENV,
     SuperlinearConfigError,
@@ -144,7 +144,7 @@ def covering_length(config: SuperlinearConfig, limit: int = 1 << 16) -> int:
     (then any top-k choice and any gate give plain causal attention). Up to ``n`` tokens the backend
     equals dense attention up to float rounding. Returns ``limit`` if nothing fails below it.
     """
-    from toolkit.kernels.superlinear.spans import ceil_scaled_power, stripe_distance
+    from toolkit.kernels.superlinear.attention_spans import ceil_scaled_power, stripe_distance
 
     params = config.params()
     root, window = params.stripe_root, params.window

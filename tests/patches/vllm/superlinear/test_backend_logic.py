@@ -194,7 +194,7 @@ def test_decode_reads_only_stripes_window_and_spans():
     ref = superlinear_attention(q, q, k[None], v[None], torch.tensor([3999]), scale=D ** -0.5, impl="naive",
                                 **config.kernel_kwargs())
     torch.testing.assert_close(out[0:1], ref[0].transpose(0, 1).float(), atol=2e-5, rtol=2e-5)
-    from toolkit.kernels.superlinear.spans import span_geometry
+    from toolkit.kernels.superlinear.attention_spans import span_geometry
     before_spans = decode_positions(3999, span_geometry(config.params(), 4000)).numel()
     assert before_spans == (63 - 3) + 15  # stripes 4..63 (F(i) = i^2 <= 4000) and the 15-key window
     # + at most H_Q * topk spans of 2*ceil(2*sqrt(4000)) + 1 keys; far below the 4,000 a full read takes

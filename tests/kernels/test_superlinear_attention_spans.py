@@ -1,4 +1,4 @@
-"""Exact-integer span arithmetic (kernels/superlinear/spans.py)."""
+"""Exact-integer span arithmetic (kernels/superlinear/attention_spans.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolkit.kernels.superlinear.spans import (
+from toolkit.kernels.superlinear.attention_spans import (
     SuperlinearParams,
     ceil_scaled_power,
     floor_root,
