@@ -6,7 +6,11 @@ subclass ``ChatCompletionLogProbsContent``).
 
 renderers/online_renderer.py: ``_reused_prompt_token_ids`` (vLLM's path for a prompt that arrives
 already tokenized) returns ``input_ids`` first, so the ids reach the engine without a template while
-tool-choice checks and the parser's ``adjust_request`` still run, for chat and Harmony alike.
+tool-choice checks and the parser's ``adjust_request`` still run, for chat and Harmony alike; in
+``OnlineRenderer.preprocess_chat`` the rendered prompt gets ``prefix_token_ids`` spliced in.
+
+chat_completion/api_router.py: ``create_chat_completion`` also answers ``/v1/chat/completions/tokens``
+(prime-rl / verifiers' token route, whose ``tokens`` field the validator maps to ``input_ids``).
 
 serving.py: the rendered prompt is checked (length, ``logprob_start_len``), logprob entries get
 their ids, and prompt logprobs before ``logprob_start_len`` are dropped.
@@ -22,6 +26,19 @@ from toolkit.codemod import MODULE, AnchoredTransformer, after_last_field, in_me
 RUNTIME = "_toolkit_tito"
 PACKAGE = "toolkit.patches.vllm.tito"
 SERVING = "OpenAIServingChat"
+
+
+def after_matching(transformer: AnchoredTransformer, block: cst.IndentedBlock, statement: m.BaseMatcherNode,
+                   anchor: str, code: str) -> cst.IndentedBlock:
+    """``block`` with the marked statement ``code`` after each statement matching ``statement`` (each
+    match records ``anchor``)."""
+    body: list[cst.BaseStatement] = []
+    for item in block.body:
+        body.append(item)
+        if m.matches(item, statement):
+            transformer.hit(anchor)
+            body.append(transformer.marked_statement(code))
+    return block.with_changes(body=body)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -40,6 +57,13 @@ logprob_start_len: int | None = Field(
     description=(
         "Return prompt logprobs from this prompt position on (-1: none). Such a request skips "
         "reading the prefix cache."
+    ),
+)
+prefix_token_ids: list[int] | None = Field(
+    default=None,
+    description=(
+        "The exact ids of the conversation's earlier part (e.g. the previous response's "
+        "prompt_token_ids + token_ids): the prompt starts with them, then what the template puts after."
     ),
 )
 '''
@@ -75,10 +99,22 @@ class ProtocolTransformer(AnchoredTransformer):
 # vllm/renderers/online_renderer.py
 
 
+RENDER_CHAT = m.SimpleStatementLine(body=[m.Assign(value=m.Await(m.Call(func=m.Attribute(attr=m.Name("render_chat_async")))))])
+
+
 class OnlineRendererTransformer(AnchoredTransformer):
     RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
-    INSIDE = {MODULE: frozenset({"_reused_prompt_token_ids"})}
-    ANCHORS = {"_reused_prompt_token_ids": "module function _reused_prompt_token_ids(request, renderer, ...)"}
+    INSIDE = {MODULE: frozenset({"_reused_prompt_token_ids"}), "OnlineRenderer": frozenset({"preprocess_chat"})}
+    ANCHORS = {
+        "_reused_prompt_token_ids": "module function _reused_prompt_token_ids(request, renderer, ...)",
+        "render-chat": "`... = await renderer.render_chat_async(...)` in OnlineRenderer.preprocess_chat",
+    }
+
+    @m.leave(m.IndentedBlock())
+    @in_method("OnlineRenderer", "preprocess_chat")
+    def splice_prefix(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return after_matching(self, updated_node, RENDER_CHAT, "render-chat",
+                              f"engine_input = {RUNTIME}.splice_prefix(request, renderer, messages, chat_params, engine_input)")
 
     @m.leave(m.FunctionDef(name=m.Name("_reused_prompt_token_ids"),
                            params=m.Parameters(params=[m.Param(name=m.Name("request")),
@@ -117,14 +153,8 @@ class ServingTransformer(AnchoredTransformer):
     @in_method(SERVING, "_create_chat_completion")
     def check_rendered_prompt(self, original_node: cst.IndentedBlock,
                               updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        body: list[cst.BaseStatement] = []
-        for statement in updated_node.body:
-            body.append(statement)
-            if m.matches(statement, RENDERED):
-                self.hit("rendered-prompt")
-                body.append(self.marked_statement(
-                    f"{RUNTIME}.check_prompt(request, engine_inputs, self.model_config.max_model_len)"))
-        return updated_node.with_changes(body=body)
+        return after_matching(self, updated_node, RENDERED, "rendered-prompt",
+                              f"{RUNTIME}.check_prompt(request, engine_inputs, self.model_config.max_model_len)")
 
     @m.leave(RETURN_LOGPROBS)
     @in_method(SERVING, "_create_chat_logprobs")
@@ -156,3 +186,27 @@ class ServingTransformer(AnchoredTransformer):
             first = after.first_line.with_changes(whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(self.marker))
             return comma.with_changes(whitespace_after=after.with_changes(first_line=first))
         return comma
+
+
+# --------------------------------------------------------------------------------------------------
+# vllm/entrypoints/openai/chat_completion/api_router.py
+
+TOKENS_ROUTE = ('router.post("/v1/chat/completions/tokens", dependencies=[Depends(validate_json_request)], '
+                'include_in_schema=False)')
+
+
+class ApiRouterTransformer(AnchoredTransformer):
+    INSIDE = {MODULE: frozenset({"create_chat_completion"})}
+    ANCHORS = {"chat-route": "the @router.post(\"/v1/chat/completions\", ...) decorator of create_chat_completion"}
+
+    @m.leave(m.FunctionDef(name=m.Name("create_chat_completion")))
+    def tokens_route(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        route = m.Decorator(decorator=m.Call(func=m.Attribute(value=m.Name("router"), attr=m.Name("post")),
+                                             args=[m.Arg(value=m.SimpleString('"/v1/chat/completions"')), m.ZeroOrMore()]))
+        decorators = list(updated_node.decorators)
+        for position, decorator in enumerate(decorators):
+            if m.matches(decorator, route):
+                self.hit("chat-route")
+                decorators.insert(position, self.marked_decorator(TOKENS_ROUTE))
+                break
+        return updated_node.with_changes(decorators=decorators)

@@ -13,7 +13,8 @@ PATCH = Patch(
         FileEdit("entrypoints/openai/chat_completion/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
         FileEdit("renderers/online_renderer.py", (f"{CODEMODS}:OnlineRendererTransformer",)),
         FileEdit("entrypoints/openai/chat_completion/serving.py", (f"{CODEMODS}:ServingTransformer",)),
+        FileEdit("entrypoints/openai/chat_completion/api_router.py", (f"{CODEMODS}:ApiRouterTransformer",)),
     ),
-    summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
+    summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, token_id on logprobs, logprob_start_len",
     runtime_modules=("toolkit.patches.vllm.tito.runtime",),
 )

@@ -13,12 +13,17 @@ The contract (docs/tito.md):
   default) computes none, so prefix caching stays intact.
 - ``token_id`` on every logprob entry and on each of its ``top_logprobs``.
 - ``TOOLKIT_RETURN_TOKEN_IDS=1``: ``return_token_ids`` defaults to true for every chat request.
+- ``prefix_token_ids`` (also NeMo-RL's ``required_prefix_token_ids``, or NeMo-Gym's token ids on the
+  last assistant message): the prompt starts with these ids exactly and continues with what the
+  template puts after them (``toolkit.patches.common.prefix_splice``).
+- ``tokens`` (prime-rl / verifiers' ``/v1/chat/completions/tokens`` body): the same as ``input_ids``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from toolkit.patches.common import prefix_splice
 from toolkit.patches.common.env import env_flag
 
 ENV_RETURN_TOKEN_IDS = "TOOLKIT_RETURN_TOKEN_IDS"
@@ -53,23 +58,53 @@ def _is_int(value: Any) -> bool:
 # request fields (ChatCompletionRequest's "before" validator)
 
 
-def check_input_ids(ids: Any) -> list[int]:
+def check_input_ids(ids: Any, field: str = "input_ids") -> list[int]:
     """Type checks that need no engine: a non-empty list of non-negative ints."""
     if not isinstance(ids, list):
-        raise bad_request(f"`input_ids` must be a list of integer token ids, got {type(ids).__name__}", "input_ids")
+        raise bad_request(f"`{field}` must be a list of integer token ids, got {type(ids).__name__}", field)
     if not ids:
-        raise bad_request("`input_ids` must not be empty: the prompt needs at least one token", "input_ids")
+        raise bad_request(f"`{field}` must not be empty: the prompt needs at least one token", field)
     if all(type(value) is int for value in ids) and min(ids) >= 0:
         return ids  # the common case, in C-speed loops; the loop below finds what is wrong
     for position, value in enumerate(ids):
         if not _is_int(value):
             raise bad_request(
-                f"`input_ids` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}",
-                "input_ids",
+                f"`{field}` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}",
+                field,
             )
         if value < 0:
-            raise bad_request(f"`input_ids` must not contain negative ids: item {position} is {value}", "input_ids")
+            raise bad_request(f"`{field}` must not contain negative ids: item {position} is {value}", field)
     return ids
+
+
+def normalize_token_fields(data: dict) -> None:
+    """Peers' field names onto ours: verifiers' ``tokens`` is ``input_ids``; NeMo-RL's
+    ``required_prefix_token_ids`` and NeMo-Gym's ids on the last assistant message are
+    ``prefix_token_ids``. Conflicting fields are a 400."""
+    if data.get("tokens") is not None:
+        if data.get("input_ids") is not None:
+            raise bad_request("send the prompt ids once: `tokens` and `input_ids` are the same field", "tokens")
+        data["input_ids"] = check_input_ids(data.pop("tokens"), "tokens")
+    required = data.pop("required_prefix_token_ids", None)
+    if required is not None:
+        if data.get("prefix_token_ids") is not None and data["prefix_token_ids"] != required:
+            raise bad_request("`prefix_token_ids` and `required_prefix_token_ids` differ: send one of them",
+                              "prefix_token_ids")
+        data["prefix_token_ids"] = required
+    if data.get("prefix_token_ids") is None and data.get("input_ids") is None:
+        from_messages = prefix_splice.prefix_from_messages(data.get("messages"))
+        if from_messages is not None:
+            data["prefix_token_ids"] = from_messages
+    if data.get("prefix_token_ids") is not None:
+        check_input_ids(data["prefix_token_ids"], "prefix_token_ids")
+        if data.get("input_ids") is not None:
+            raise bad_request("`prefix_token_ids` cannot be used with `input_ids`: `input_ids` is the whole prompt",
+                              "prefix_token_ids")
+        if not data.get("messages"):
+            raise bad_request("`prefix_token_ids` needs `messages`: the conversation the prefix starts",
+                              "prefix_token_ids")
+        if data.get("return_token_ids") is None:
+            data["return_token_ids"] = True
 
 
 def normalize_request(data: Any) -> Any:
@@ -82,6 +117,7 @@ def normalize_request(data: Any) -> Any:
     """
     if not isinstance(data, dict):
         return data
+    normalize_token_fields(data)
     if data.get("input_ids") is not None:
         check_input_ids(data["input_ids"])
         if data.get("truncate_prompt_tokens") is not None:
@@ -171,6 +207,70 @@ def prompt_ids_from_request(request: Any, renderer: Any) -> list[int] | None:
     return list(ids)
 
 
+def _tokenizer_template(renderer: Any, chat_params: Any) -> prefix_splice.Template:
+    """The request's chat template and the server's tokenizer, as vLLM renders chat prompts."""
+    import dataclasses
+
+    tokenizer = renderer.get_tokenizer()
+
+    def render(messages: list, add_generation_prompt: bool | None) -> str:
+        params = chat_params
+        if add_generation_prompt is not None:
+            kwargs = dict(chat_params.chat_template_kwargs or {})
+            kwargs.update(add_generation_prompt=add_generation_prompt, continue_final_message=False)
+            params = dataclasses.replace(chat_params, chat_template_kwargs=kwargs)
+        _, prompt = renderer.render_messages(messages, params)
+        text = prompt.get("prompt") if isinstance(prompt, dict) else None
+        if not isinstance(text, str):
+            raise bad_request("`prefix_token_ids` needs a chat template that renders text (this tokenizer "
+                              "renders token ids)", "prefix_token_ids")
+        return text
+
+    def decode(ids: Sequence[int]) -> str:
+        try:
+            return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        except TypeError:  # a tokenizer wrapper without the HF keywords
+            return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    return prefix_splice.Template(render=render, encode=lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
+                                  decode=decode)
+
+
+def splice_prefix(request: Any, renderer: Any, messages: list, chat_params: Any, engine_input: Any) -> Any:
+    """With ``prefix_token_ids``: the rendered prompt becomes the prefix ids exactly, then what the
+    template puts after them (``prefix_splice.splice``); otherwise ``engine_input`` unchanged.
+
+    Called in ``OnlineRenderer.preprocess_chat`` right after the template rendered ``messages``; the
+    engine input is changed in place, so the response's ``prompt_token_ids`` are the spliced prompt.
+    """
+    prefix = getattr(request, "prefix_token_ids", None)
+    if prefix is None or not isinstance(engine_input, dict):
+        return engine_input
+    if engine_input.get("type", "token") != "token" or "prompt_token_ids" not in engine_input:
+        raise bad_request("`prefix_token_ids` works with text conversations only (this prompt has media)",
+                          "prefix_token_ids")
+    prefix = check_input_ids(prefix, "prefix_token_ids")
+    limit = vocab_limit(renderer)
+    if limit is not None and max(prefix) >= limit:
+        position = next(i for i, value in enumerate(prefix) if value >= limit)
+        raise bad_request(f"`prefix_token_ids` item {position} is {prefix[position]}, out of the vocabulary "
+                          f"(ids must be < {limit})", "prefix_token_ids")
+    rendered = engine_input["prompt_token_ids"]
+    if list(rendered[: len(prefix)]) == list(prefix):
+        return engine_input  # re-rendering reproduced the prefix: nothing to splice
+    template = _tokenizer_template(renderer, chat_params)
+    rendered_text = engine_input.get("prompt")
+    if not isinstance(rendered_text, str):
+        rendered_text = template.decode(rendered)
+    try:
+        result = prefix_splice.splice(prefix, rendered, rendered_text, messages, template)
+    except prefix_splice.SpliceError as error:
+        raise bad_request(str(error), error.parameter) from None
+    engine_input["prompt_token_ids"] = result.prompt
+    engine_input.pop("prompt", None)  # the text was the re-rendered one
+    return engine_input
+
+
 def _prompt_ids(engine_input: Any) -> Sequence[int] | None:
     if isinstance(engine_input, dict):
         return engine_input.get("prompt_token_ids")
@@ -185,7 +285,9 @@ def check_prompt(request: Any, engine_inputs: Iterable[Any], max_model_len: int)
     position inside the prompt.
     """
     start = getattr(request, "logprob_start_len", None)
-    with_ids = has_input_ids(request)
+    with_ids = has_input_ids(request) or getattr(request, "prefix_token_ids", None) is not None
+    field = "input_ids" if has_input_ids(request) else "prefix_token_ids"
+    label = "`input_ids`" if field == "input_ids" else "the spliced prompt (`prefix_token_ids` and the new turn)"
     if not with_ids and (start is None or start < 0):
         return
     for engine_input in engine_inputs:
@@ -200,15 +302,15 @@ def check_prompt(request: Any, engine_inputs: Iterable[Any], max_model_len: int)
             if max_tokens is None:
                 if length >= max_model_len:
                     raise bad_request(
-                        f"`input_ids` has {length} tokens, which leaves no room for output in the "
+                        f"{label} has {length} tokens, which leaves no room for output in the "
                         f"model's context of {max_model_len} tokens",
-                        "input_ids",
+                        field,
                     )
             elif length + max_tokens > max_model_len:
                 raise bad_request(
-                    f"`input_ids` has {length} tokens and max_tokens is {max_tokens}: {length + max_tokens} "
+                    f"{label} has {length} tokens and max_tokens is {max_tokens}: {length + max_tokens} "
                     f"exceeds the model's context of {max_model_len} tokens",
-                    "input_ids",
+                    field,
                 )
         if start is not None and start >= length:
             raise bad_request(

@@ -10,8 +10,9 @@ import pytest
 
 # Flags of the one server these tests share: the hermes tool parser (the tiny model's chat template
 # renders tools) and the qwen3 reasoning parser; eager mode starts faster and serves the same ids.
+# Requests may carry their own chat template (the prefix-splice tests try three).
 SERVER_ARGS = [
-    "--enforce-eager",
+    "--enforce-eager", "--trust-request-chat-template",
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     "--reasoning-parser", "qwen3",
 ]

@@ -27,6 +27,7 @@ EDITS = {edit.relpath: edit for edit in PATCH.files}
 PROTOCOL = "entrypoints/openai/chat_completion/protocol.py"
 RENDERER = "renderers/online_renderer.py"
 SERVING = "entrypoints/openai/chat_completion/serving.py"
+ROUTER = "entrypoints/openai/chat_completion/api_router.py"
 
 
 def transform(relpath: str, source: str, version: str = "0.32.0") -> str:
@@ -86,6 +87,13 @@ class ChatCompletionRequest(OpenAIBaseModel):
             "reading the prefix cache."
         ),
     )  # toolkit:tito
+    prefix_token_ids: list[int] | None = Field(
+        default=None,
+        description=(
+            "The exact ids of the conversation's earlier part (e.g. the previous response's "
+            "prompt_token_ids + token_ids): the prompt starts with them, then what the template puts after."
+        ),
+    )  # toolkit:tito
 
     @model_validator(mode="before")
     @classmethod
@@ -111,6 +119,21 @@ def _reused_prompt_token_ids(
     """Pop prompt token ids forwarded for decode-side reuse, if any."""
     kv = getattr(request, "kv_transfer_params", None)
     return None
+
+
+class OnlineRenderer:
+    async def preprocess_chat(self, request, messages, default_template):
+        renderer = self.renderer
+        chat_params = request.build_chat_params(default_template)
+        reuse_ids = _reused_prompt_token_ids(request, renderer, messages)
+        if reuse_ids:
+            engine_input = tokens_input(reuse_ids)
+        else:
+            (conversation,), (engine_input,) = await renderer.render_chat_async(
+                [messages],
+                chat_params,
+            )
+        return conversation, [engine_input]
 '''
 RENDERER_AFTER = '''\
 import time
@@ -125,6 +148,60 @@ def _reused_prompt_token_ids(
     if toolkit_ids is not None:  # toolkit:tito
         return toolkit_ids
     kv = getattr(request, "kv_transfer_params", None)
+    return None
+
+
+class OnlineRenderer:
+    async def preprocess_chat(self, request, messages, default_template):
+        renderer = self.renderer
+        chat_params = request.build_chat_params(default_template)
+        reuse_ids = _reused_prompt_token_ids(request, renderer, messages)
+        if reuse_ids:
+            engine_input = tokens_input(reuse_ids)
+        else:
+            (conversation,), (engine_input,) = await renderer.render_chat_async(
+                [messages],
+                chat_params,
+            )
+            engine_input = _toolkit_tito.splice_prefix(request, renderer, messages, chat_params, engine_input)  # toolkit:tito
+        return conversation, [engine_input]
+'''
+
+ROUTER_BEFORE = '''\
+router = APIRouter()
+
+
+@router.post(
+    "/v1/chat/completions",
+    dependencies=[Depends(validate_json_request)],
+)
+@with_cancellation
+@load_aware_call
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request):
+    return handler(raw_request)
+
+
+@router.post("/v1/chat/completions/batch")
+async def create_batch_chat_completion(request, raw_request):
+    return None
+'''
+ROUTER_AFTER = '''\
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions/tokens", dependencies=[Depends(validate_json_request)], include_in_schema=False)  # toolkit:tito
+@router.post(
+    "/v1/chat/completions",
+    dependencies=[Depends(validate_json_request)],
+)
+@with_cancellation
+@load_aware_call
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request):
+    return handler(raw_request)
+
+
+@router.post("/v1/chat/completions/batch")
+async def create_batch_chat_completion(request, raw_request):
     return None
 '''
 
@@ -179,8 +256,8 @@ class OpenAIServingChat(GenerateBaseServing):
 @pytest.mark.parametrize(
     "relpath,before,after",
     [(PROTOCOL, PROTOCOL_BEFORE, PROTOCOL_AFTER), (RENDERER, RENDERER_BEFORE, RENDERER_AFTER),
-     (SERVING, SERVING_BEFORE, SERVING_AFTER)],
-    ids=["protocol", "online_renderer", "serving"],
+     (SERVING, SERVING_BEFORE, SERVING_AFTER), (ROUTER, ROUTER_BEFORE, ROUTER_AFTER)],
+    ids=["protocol", "online_renderer", "serving", "api_router"],
 )
 def test_golden_before_after(relpath, before, after):
     assert transform(relpath, before) == after
@@ -265,7 +342,7 @@ def test_real_source_every_anchor_found_and_compiles(name):
         assert before is not None, f"{name}: {edit.relpath} missing"
         result = transform_or_raise(PATCH, edit, before.decode(), tree.version)  # raises on any bad anchor
         assert all(anchor.ok for _, anchor in result.anchors)
-        assert result.after.count("# toolkit:tito") >= 2
+        assert result.after.count("# toolkit:tito") >= 1
         compile(result.after, edit.relpath, "exec")
 
 
@@ -273,7 +350,7 @@ def test_real_source_every_anchor_found_and_compiles(name):
 INJECTED_NAMES = {
     SERVING: {"_create_chat_completion": {"self", "request"}, "chat_completion_full_generator": {"request"},
               "_create_chat_logprobs": {"token_ids", "top_logprobs"}},
-    RENDERER: {"_reused_prompt_token_ids": {"request", "renderer"}},
+    RENDERER: {"_reused_prompt_token_ids": {"request", "renderer"}, "preprocess_chat": {"request", "messages"}},
 }
 
 
