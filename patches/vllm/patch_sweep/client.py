@@ -116,6 +116,7 @@ class SweepResult:
     source_run: str = ""
     auto_captured: bool = False
     captured_source_run: str | None = None
+    prefix_reuse: dict[str, Any] | None = None  # {"enabled", "cell_prompt_tokens", "cached_tokens"}
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -125,7 +126,8 @@ class SweepResult:
                    metric=data.get("metric", ""), hook=data.get("hook", ""), baselines=data.get("baselines"),
                    skipped=list(data.get("skipped") or []), noise_floor=data.get("noise_floor"),
                    source_run=data.get("source_run", ""), auto_captured=bool(data.get("auto_captured")),
-                   captured_source_run=data.get("captured_source_run"), raw=data)
+                   captured_source_run=data.get("captured_source_run"), prefix_reuse=data.get("prefix_reuse"),
+                   raw=data)
 
     def cells(self) -> Iterator[Cell]:
         for layer, row in zip(self.layers, self.grid):
@@ -350,9 +352,11 @@ class PatchStudy:
         alpha: float = 1.0,
         server_side: bool = True,
         on_cell: OnCell | None = None,
+        prefix_reuse: bool = True,
     ) -> SweepResult:
         """Patch ``run``'s activations (or ``clean_prompt``'s, captured in the same call) into ``prompt``
-        at every (layer, position); ``positions`` mixes integers and :class:`Span` markers."""
+        at every (layer, position); ``positions`` mixes integers and :class:`Span` markers.
+        ``prefix_reuse=False`` makes every cell recompute the whole prompt (the grid is the same)."""
         body: dict[str, Any] = {"prompt": prompt, "hook": hook, "layers": layers, "alpha": alpha,
                                 "positions": positions if positions == ALL_PROMPT else
                                 [p.to_json() if isinstance(p, Span) else p for p in positions]}
@@ -362,6 +366,8 @@ class PatchStudy:
                 body[key] = value
         if run is not None:
             body["source_run"] = _run_name(run)
+        if not prefix_reuse:
+            body["prefix_reuse"] = False
         if server_side:
             if clean_prompt is not None:
                 body["clean_prompt"] = clean_prompt

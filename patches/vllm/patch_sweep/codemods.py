@@ -10,6 +10,11 @@ when it turns eager mode on).
 v1/worker/worker_base.py: ``WorkerWrapperBase.__getattr__`` first asks the runtime for one of our
 worker methods, so ``collective_rpc("toolkit_patch_sweep_<op>")`` reaches them by name in every
 executor (uniproc, multiprocessing and Ray all resolve a method name on the wrapper).
+
+v1/core/kv_cache_utils.py: ``generate_block_hash_extra_keys`` adds the runtime's private key to the
+hash of every block of a sweep cell that may hold patched KV (prefix reuse: the blocks before the
+cell's first patched position keep their ordinary hash and are shared with the sweep's corrupt run;
+the others hash uniquely, so no request can ever be served them).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ REGISTER_ROUTERS = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name("
 CREATE_ENGINE_CONFIG = m.SimpleStatementLine(
     body=[m.Assign(value=m.Call(func=m.Attribute(value=m.Name("engine_args"), attr=m.Name("create_engine_config"))))]
 )
+IF_NO_EXTRA_KEYS = m.If(test=m.UnaryOperation(operator=m.Not(), expression=m.Name("extra_keys")))
 RETURN_WORKER_ATTR = m.SimpleStatementLine(body=[m.Return(value=m.Call(
     func=m.Name("getattr"), args=[m.Arg(m.Attribute(value=m.Name("self"), attr=m.Name("worker"))), m.Arg()]))])
 
@@ -73,3 +79,17 @@ class WorkerWrapperTransformer(AnchoredTransformer):
             self.marked_statement(f"toolkit_method = {RUNTIME}.worker_method(self, attr)"),
             self.marked_statement("if toolkit_method is not None:\n    return toolkit_method\n"),
         ], before=True)
+
+
+class BlockHashTransformer(AnchoredTransformer):
+    """``generate_block_hash_extra_keys``: a private key on the blocks of a sweep cell that may hold
+    patched KV, before the function decides whether there are any extra keys."""
+
+    RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
+    INSIDE = {MODULE: frozenset({"generate_block_hash_extra_keys"})}
+    ANCHORS = {"no-extra-keys": "`if not extra_keys:` in module function generate_block_hash_extra_keys"}
+
+    @m.leave(m.FunctionDef(name=m.Name("generate_block_hash_extra_keys")))
+    def private_blocks(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        return self.around(updated_node, IF_NO_EXTRA_KEYS, "no-extra-keys", [self.marked_statement(
+            f"extra_keys += {RUNTIME}.private_block_keys(request, start_token_idx, end_token_idx)")], before=True)

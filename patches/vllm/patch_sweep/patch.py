@@ -13,6 +13,7 @@ PATCH = Patch(
         FileEdit("entrypoints/launchers/app.py", (f"{CODEMODS}:AppTransformer",)),
         FileEdit("entrypoints/launchers/api_server/entry.py", (f"{CODEMODS}:EntryTransformer",)),
         FileEdit("v1/worker/worker_base.py", (f"{CODEMODS}:WorkerWrapperTransformer",)),
+        FileEdit("v1/core/kv_cache_utils.py", (f"{CODEMODS}:BlockHashTransformer",)),
     ),
     summary="activation-patching sweeps and activation capture served by vLLM (TOOLKIT_ENABLE_PATCHING=1): "
             "/v1/patch_runs, /v1/patch_sweep, /v1/activations",

@@ -6,6 +6,8 @@
   decoder layers fire only in eager mode, so enabled patching turns ``enforce_eager`` on and logs it.
 * ``worker_method(wrapper, name)`` (every worker, from ``WorkerWrapperBase.__getattr__``): the worker
   side of ``collective_rpc("toolkit_patch_sweep_<op>")``; other names fall through to vLLM.
+* ``private_block_keys(request, start, end)`` (engine core, from ``generate_block_hash_extra_keys``):
+  prefix reuse for sweep cells (below).
 
 Nothing here imports the patch engine, libcst, torch or FastAPI at import time.
 """
@@ -15,10 +17,12 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from toolkit.patches.vllm.patch_sweep.shared import (ENABLE_ENV, STEERING_ENV, WORKER_PREFIX, enabled, log,
-                                                     steering_enabled)
+from toolkit.patches.vllm.patch_sweep.shared import (ENABLE_ENV, PLAN_KEY, SHARED_PREFIX, STEERING_ENV, WORKER_PREFIX,
+                                                     enabled, log, steering_enabled)
 
-__all__ = ["ENABLE_ENV", "STEERING_ENV", "attach_routes", "enabled", "force_eager", "steering_enabled", "worker_method"]
+__all__ = ["ENABLE_ENV", "STEERING_ENV", "attach_routes", "enabled", "force_eager", "private_block_keys",
+           "steering_enabled", "worker_method"]
+
 
 
 def attach_routes(app: Any) -> None:
@@ -54,3 +58,23 @@ def worker_method(wrapper: Any, name: str) -> Callable[..., Any] | None:
 
     function = worker.RPC.get(name[len(WORKER_PREFIX):])
     return None if function is None else functools.partial(function, wrapper)
+
+
+def private_block_keys(request: Any, start_token_idx: int, end_token_idx: int) -> list[tuple[str, str]]:
+    """Extra block-hash keys that make a sweep cell's blocks from its first patched position on unique.
+
+    A sweep shares one secret ``cache_salt`` among its corrupt run and its cells, and each cell's plan
+    says ``shared_prefix``: its first patched position p. Positions before p compute exactly what the
+    corrupt run computed, so the blocks wholly before p keep their ordinary hash (the cell reads them
+    from the prefix cache: only the rest is recomputed); every block reaching p or beyond may hold
+    patched KV and gets the request's own id as a key, so its hash (and every later block's, by the
+    chain) matches no other request: a patched block is never served, not even to the same sweep.
+    Anything else (no plan, no ``shared_prefix``) is left as vLLM has it. A client writing such a plan
+    into ``vllm_xargs`` only makes its own blocks private: the key can never widen sharing."""
+    params = getattr(request, "sampling_params", None)
+    extra = getattr(params, "extra_args", None)
+    plan = extra.get(PLAN_KEY) if isinstance(extra, dict) else None
+    shared = plan.get(SHARED_PREFIX) if isinstance(plan, dict) else None
+    if isinstance(shared, int) and not isinstance(shared, bool) and end_token_idx > shared:
+        return [("toolkit_private", str(request.request_id))]
+    return []

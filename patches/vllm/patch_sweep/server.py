@@ -20,6 +20,7 @@ Every mistake in a request is a 400 whose ``error.message`` says what to change;
 
 import asyncio
 import inspect
+import itertools
 import json
 import math
 import os
@@ -29,17 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from toolkit.patches.common.spans import ALL_PROMPT, SpanError, prompt_char_offsets, resolve_positions
-from toolkit.patches.vllm.patch_sweep.shared import WORKER_PREFIX
+from toolkit.patches.vllm.patch_sweep.shared import PLAN_KEY, SHARED_PREFIX, WORKER_PREFIX
 
 HOOKS = ("pre_attn", "post_attn", "post_block")
 METRICS = ("logprob", "logit_diff", "recovered")
-PLAN_KEY = "toolkit_patch_sweep"
 MAX_CELLS_ENV = "TOOLKIT_PATCH_SWEEP_MAX_CELLS"
 MAX_BYTES_ENV = "TOOLKIT_PATCH_RUNS_MAX_BYTES"
 DEFAULT_MAX_CELLS = 4096
 DEFAULT_MAX_BYTES = 256 << 20
 SWEEP_FIELDS = {"model", "prompt", "source_run", "clean_prompt", "hook", "layers", "positions", "alpha", "answer_token",
-                "answer_token_id", "foil_token", "foil_token_id", "metric", "stream", "baselines", "noise"}
+                "answer_token_id", "foil_token", "foil_token_id", "metric", "stream", "baselines", "noise",
+                "prefix_reuse"}
 NOISE_FIELDS = {"positions", "seed", "scale"}
 NOISE_STD_FACTOR = 3.0  # ROME's causal tracing: noise 3x the standard deviation of the embeddings
 CAPTURE_FIELDS = {"model", "prompt", "name", "layers", "hooks"}
@@ -70,6 +71,8 @@ class Engine:
     def __init__(self, client: Any):
         self.client = client
         self.secret = secrets.token_hex(16)
+        self._request_prefix = f"patchsweep-{secrets.token_hex(8)}"  # + a counter: unique, cheaper than uuid4
+        self._request_count = itertools.count()
         self.num_layers = 0
         self.embedding_std = 0.0
         self._installed = False
@@ -99,23 +102,28 @@ class Engine:
     def max_model_len(self) -> int:
         return int(self.client.model_config.max_model_len)
 
-    async def score(self, token_ids: list[int], scored: list[int], plan: dict[str, Any] | None = None) -> dict[int, float]:
+    async def score(self, token_ids: list[int], scored: list[int], plan: dict[str, Any] | None = None,
+                    sweep_salt: str | None = None) -> tuple[dict[int, float], int]:
         """Run ``token_ids`` as one request (patched/captured by ``plan``); the next-token logprobs of
-        ``scored``."""
+        ``scored`` and how many prompt tokens came from the prefix cache. Without ``sweep_salt`` the request reads nothing from the prefix cache and its salt
+        is its own; with it, the request shares the sweep's secret salt and reads the cache (a cell's
+        plan then carries ``shared_prefix``, so only its blocks before that position are shared: see
+        runtime.private_block_keys)."""
         from vllm import SamplingParams
 
-        request_id = f"patchsweep-{uuid.uuid4().hex}"
+        request_id = f"{self._request_prefix}-{next(self._request_count)}"
         extra = {PLAN_KEY: {**plan, "secret": self.secret}} if plan else None
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(scored) or None,
-                                extra_args=extra, skip_reading_prefix_cache=True)
-        prompt = {"prompt_token_ids": list(token_ids), "cache_salt": request_id}
+                                extra_args=extra, skip_reading_prefix_cache=sweep_salt is None, detokenize=False)
+        prompt = {"prompt_token_ids": list(token_ids), "cache_salt": sweep_salt or request_id}
         final = None
         async for output in self.client.generate(prompt, params, request_id):
             final = output
+        cached = int(getattr(final, "num_cached_tokens", 0) or 0)
         if not scored:
-            return {}
+            return {}, cached
         logprobs = final.outputs[0].logprobs[0]
-        return {token: float(logprobs[token].logprob) for token in scored}
+        return {token: float(logprobs[token].logprob) for token in scored}, cached
 
     @property
     def hidden_size(self) -> int:
@@ -131,7 +139,7 @@ class Engine:
         key = uuid.uuid4().hex
         plan = {"capture": key, "layers": layers, "hooks": hooks, "n": len(token_ids)}
         try:
-            await self.score(token_ids, [], plan)
+            await self.score(token_ids, [], plan)  # captures are never shared: own salt, no cache read
         except BaseException:
             await self.rpc("discard", key)
             raise
@@ -241,6 +249,7 @@ class Sweep:
     auto_captured: bool = False
     skipped: list[dict[str, Any]] = field(default_factory=list)
     noise: dict[str, Any] | None = None  # {"positions", "seed", "scale"}: the corrupt run is the prompt plus noise
+    prefix_reuse: bool = True  # cells read the corrupt run's KV before their first patched position
 
     def column(self, j: int) -> list[int]:
         """The positions cell column ``j`` patches."""
@@ -336,6 +345,9 @@ async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
         raise BadRequest("baselines must be true or false")
     if metric == "recovered" and not baselines:
         raise BadRequest("metric recovered needs the baselines; drop baselines: false")
+    prefix_reuse = body.get("prefix_reuse", True)
+    if not isinstance(prefix_reuse, bool):
+        raise BadRequest("prefix_reuse must be true or false")
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("stream must be true or false")
     layers = parse_layers(body.get("layers"), engine.num_layers)
@@ -352,7 +364,7 @@ async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
         raise BadRequest(f"the grid has {len(layers)} x {len(positions)} = {len(layers) * len(positions)} cells, "
                          f"over this server's limit of {_max_cells()} ({MAX_CELLS_ENV}); sweep fewer layers or positions")
     sweep = Sweep(prompt_ids, [tokenizer.decode([i]) for i in prompt_ids], hook, layers, positions, float(alpha),
-                  answer, foil, metric, baselines, noise=noise)
+                  answer, foil, metric, baselines, noise=noise, prefix_reuse=prefix_reuse)
 
     run = await engine.rpc("run", source_run) if source_run else None
     if run is None and clean_prompt is not None:
@@ -495,22 +507,32 @@ def _value(measures: dict[str, float], sweep: Sweep, clean: dict | None, corrupt
 async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     scored = [sweep.answer] + ([sweep.foil] if sweep.foil is not None else [])
     noised = {"noise": sweep.noise} if sweep.noise else None  # the corrupt run's plan: noise, no patch
-    alone = _measures(await engine.score(sweep.prompt_ids, scored, noised), sweep) if sweep.baselines else None
+    # Prefix reuse: the corrupt run alone goes first under the sweep's secret salt, filling the prefix
+    # cache with its blocks; each cell (same salt) then reads the blocks before its first patched position
+    # and recomputes only from there (its later blocks hash privately: never served to anyone).
+    salt = f"patchsweep-{secrets.token_hex(16)}" if sweep.prefix_reuse else None
+    alone = (_measures((await engine.score(sweep.prompt_ids, scored, noised, sweep_salt=salt))[0], sweep)
+             if sweep.baselines else None)
     cells = sweep.cells()
     yield "start", {"source_run": sweep.source_run, "auto_captured": sweep.auto_captured, "hook": sweep.hook,
                     "metric": sweep.metric, "layers": sweep.layers, "positions": sweep.positions,
                     "num_cells": len(cells), "skipped": sweep.skipped}
 
-    async def tagged(tag: Any, ids: list[int], plan: dict | None):
-        return tag, _measures(await engine.score(ids, scored, plan), sweep)
+    async def tagged(tag: Any, ids: list[int], plan: dict | None, sweep_salt: str | None = None):
+        logprobs, cached = await engine.score(ids, scored, plan, sweep_salt)
+        if not isinstance(tag, str):
+            reuse["cached_tokens"] += cached
+        return tag, _measures(logprobs, sweep)
+
+    reuse = {"enabled": sweep.prefix_reuse, "cell_prompt_tokens": len(cells) * len(sweep.prompt_ids), "cached_tokens": 0}
 
     jobs = []
     if sweep.baselines:
         jobs += [tagged("clean", sweep.source_ids, None), tagged("corrupt", sweep.prompt_ids, noised)]
     for i, j in cells:
-        plan = {"run": sweep.source_run, "layer": sweep.layers[i], "hook": sweep.hook,
-                "positions": sweep.column(j), "alpha": sweep.alpha, **(noised or {})}
-        jobs.append(tagged((i, j), sweep.prompt_ids, plan))
+        plan = {"run": sweep.source_run, "layer": sweep.layers[i], "hook": sweep.hook, "positions": sweep.column(j),
+                "alpha": sweep.alpha, SHARED_PREFIX: min(sweep.column(j)), **(noised or {})}
+        jobs.append(tagged((i, j), sweep.prompt_ids, plan, salt))
     tasks = [asyncio.ensure_future(job) for job in jobs]
     grid: list[list[float | None]] = [[None] * len(sweep.positions) for _ in sweep.layers]
     base: dict[str, dict[str, float]] = {}
@@ -551,7 +573,7 @@ async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, di
         "argmax": best, "skipped": sweep.skipped, "noise_floor": noise,
         "source_run": sweep.source_run, "captured_source_run": sweep.source_run if sweep.auto_captured else None,
         "auto_captured": sweep.auto_captured, "answer_token_id": sweep.answer, "foil_token_id": sweep.foil,
-        "prompt_token_ids": sweep.prompt_ids, "num_cells": len(cells),
+        "prompt_token_ids": sweep.prompt_ids, "num_cells": len(cells), "prefix_reuse": reuse,
     }
 
 

@@ -11,6 +11,8 @@ from toolkit.patches.common.env import env_flag
 ENABLE_ENV = "TOOLKIT_ENABLE_PATCHING"
 STEERING_ENV = "TOOLKIT_ENABLE_STEERING"
 WORKER_PREFIX = "toolkit_patch_sweep_"
+PLAN_KEY = "toolkit_patch_sweep"  # a sweep/capture plan's key in SamplingParams.extra_args (stamped data)
+SHARED_PREFIX = "shared_prefix"  # a cell plan's first patched position: the tokens before it may be shared
 STEER_KEY = "toolkit_steer"  # the steering plan's key in SamplingParams.extra_args (a stamped JSON string)
 
 

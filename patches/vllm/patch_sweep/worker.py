@@ -31,11 +31,10 @@ from typing import Any
 
 import torch
 
-from toolkit.patches.vllm.patch_sweep.shared import STEER_KEY, log
+from toolkit.patches.vllm.patch_sweep.shared import PLAN_KEY, STEER_KEY, log
 
 HOOKS = ("pre_attn", "post_attn", "post_block")  # points of the residual stream: captured and patched
 PARTS = ("attn_out", "mlp_out")  # the attention and MLP outputs (what each adds to the stream): captured only
-PLAN_KEY = "toolkit_patch_sweep"
 
 
 

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[4]
-# prompt token details: the steering tests read usage's cached_tokens to see the prefix cache at work
+# prompt token details: the steering tests read usage's cached_tokens to see the prefix cache at work;
+# KV blocks of 32 tokens (vLLM's CPU default is 128), so that sweep cells reuse prefixes of short prompts
 SERVER_ARGS = ["--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--max-model-len", "512",
-               "--enable-prompt-tokens-details"]
+               "--enable-prompt-tokens-details", "--block-size", "32"]
 SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_ENABLE_STEERING": "1", "TOOLKIT_PATCH_SWEEP_MAX_CELLS": "256",
               "TOOLKIT_PATCH_RUNS_MAX_BYTES": "200000", "TOOLKIT_ACTIVATIONS_MAX_BYTES": "200000"}
 

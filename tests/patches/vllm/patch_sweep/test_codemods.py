@@ -25,6 +25,7 @@ EDITS = {edit.relpath: edit for edit in PATCH.files}
 APP = "entrypoints/launchers/app.py"
 ENTRY = "entrypoints/launchers/api_server/entry.py"
 WORKER = "v1/worker/worker_base.py"
+KV_UTILS = "v1/core/kv_cache_utils.py"
 IMPORT = "from toolkit.patches.vllm.patch_sweep import runtime as _toolkit_patch_sweep  # toolkit:patch-sweep\n"
 
 
@@ -110,11 +111,38 @@ class WorkerWrapperBase:
         return getattr(self.worker, attr)
 '''
 
+KV_BEFORE = '''\
+import copy
+
+
+def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
+    extra_keys: list[Any] = lora_extra_keys + mm_extra_keys + cache_salt_keys
+
+    if not extra_keys:
+        return None, new_start_mm_idx
+
+    return tuple(extra_keys), new_start_mm_idx
+'''
+KV_AFTER = f'''\
+import copy
+{IMPORT}
+
+def generate_block_hash_extra_keys(request, start_token_idx, end_token_idx, start_mm_idx):
+    extra_keys: list[Any] = lora_extra_keys + mm_extra_keys + cache_salt_keys
+    extra_keys += _toolkit_patch_sweep.private_block_keys(request, start_token_idx, end_token_idx)  # toolkit:patch-sweep
+
+    if not extra_keys:
+        return None, new_start_mm_idx
+
+    return tuple(extra_keys), new_start_mm_idx
+'''
+
 
 @pytest.mark.parametrize(
     "relpath,before,after",
-    [(APP, APP_BEFORE, APP_AFTER), (ENTRY, ENTRY_BEFORE, ENTRY_AFTER), (WORKER, WORKER_BEFORE, WORKER_AFTER)],
-    ids=["app", "entry", "worker_base"],
+    [(APP, APP_BEFORE, APP_AFTER), (ENTRY, ENTRY_BEFORE, ENTRY_AFTER), (WORKER, WORKER_BEFORE, WORKER_AFTER),
+     (KV_UTILS, KV_BEFORE, KV_AFTER)],
+    ids=["app", "entry", "worker_base", "kv_cache_utils"],
 )
 def test_golden_before_after(relpath, before, after):
     assert transform(relpath, before) == after
@@ -179,6 +207,29 @@ def test_routes_attach_only_when_enabled(monkeypatch):
     runtime.attach_routes(App())
 
 
+class Params:
+    def __init__(self, extra_args):
+        self.extra_args = extra_args
+
+
+class Request:
+    def __init__(self, extra_args, request_id="req-1"):
+        self.sampling_params, self.request_id = Params(extra_args), request_id
+
+
+def test_private_block_keys_only_from_the_first_patched_position():
+    cell = Request({"toolkit_patch_sweep": {"shared_prefix": 40}})
+    assert runtime.private_block_keys(cell, 0, 32) == []  # wholly before position 40: shared
+    assert runtime.private_block_keys(cell, 32, 64) == [("toolkit_private", "req-1")]  # holds 40: private
+    assert runtime.private_block_keys(cell, 64, 96) == [("toolkit_private", "req-1")]
+    at_zero = Request({"toolkit_patch_sweep": {"shared_prefix": 0}}, "req-2")
+    assert runtime.private_block_keys(at_zero, 0, 32) == [("toolkit_private", "req-2")]
+    for plain in (Request(None), Request({}), Request({"toolkit_patch_sweep": {"run": "x"}}),
+                  Request({"toolkit_patch_sweep": {"shared_prefix": True}}), Request({"toolkit_patch_sweep": "x"})):
+        assert runtime.private_block_keys(plain, 32, 64) == []
+    assert runtime.private_block_keys(object(), 0, 32) == []  # a request without sampling params
+
+
 def test_worker_method_resolves_only_our_names():
     wrapper = object()
     assert runtime.worker_method(wrapper, "execute_model") is None
@@ -198,7 +249,8 @@ def source_tree(name: str) -> Path:
 
 # the names each injected line uses, per function: compile() does not catch an unbound name
 INJECTED = {APP: ("build_app", {"app"}), ENTRY: ("build_async_engine_client_from_engine_args", {"engine_args"}),
-            WORKER: ("__getattr__", {"self", "attr"})}
+            WORKER: ("__getattr__", {"self", "attr"}),
+            KV_UTILS: ("generate_block_hash_extra_keys", {"request", "start_token_idx", "end_token_idx", "extra_keys"})}
 
 
 @pytest.mark.parametrize("name", sorted(TREES))
@@ -216,6 +268,7 @@ def test_real_source_every_anchor_found_compiles_and_uses_bound_names(name):
         assert len(found) == 1, (edit.relpath, function)
         bound = {a.arg for a in found[0].args.args + found[0].args.kwonlyargs}
         bound |= {t.id for n in ast.walk(found[0]) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+        bound |= {n.target.id for n in ast.walk(found[0]) if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
         assert names <= bound, (edit.relpath, bound)
 
 

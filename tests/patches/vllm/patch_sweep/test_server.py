@@ -172,6 +172,103 @@ def test_plain_request_after_a_sweep_is_never_served_patched_kv(sweep_server):
     assert abs(logprob - float(unpatched.max())) <= TOL
 
 
+# Prefix reuse needs prompts longer than a KV block (the test server runs --block-size 32): ~80 tokens,
+# differing early, so that most cells sit past one or two blocks of the corrupt run they can reuse.
+SENTENCE = "the quick brown fox jumps over the lazy dog while a small {} sleeps near the warm fire and children read"
+LONG_PAIR = (" ".join([SENTENCE.format("cat")] * 2), " ".join([SENTENCE.format("dog")] * 2))
+
+
+def long_sweep(sweep_server, hook: str, **fields) -> tuple[dict, dict]:
+    """A sweep of every position of the long corrupt prompt; the response and the reference grid."""
+    ref = sweep_server.reference
+    clean_ids, corrupt_ids = ref.encode(LONG_PAIR[0]), ref.encode(LONG_PAIR[1])
+    assert len(corrupt_ids) > 64, len(corrupt_ids)  # more than two blocks of 32
+    tokens = pick_tokens(ref, clean_ids, corrupt_ids)
+    body = {"prompt": LONG_PAIR[1], "clean_prompt": LONG_PAIR[0], "hook": hook, "layers": "all", "positions": "all_prompt",
+            "metric": "logit_diff", **tokens, **fields}
+    response = sweep_server.post("/v1/patch_sweep", body)
+    assert response.status_code == 200, response.text
+    want = reference_grid(ref, clean_ids, corrupt_ids, hook=hook, layers=[0, 1],
+                          positions=list(range(len(corrupt_ids))), metric="logit_diff", **{
+                              "answer": tokens["answer_token_id"], "foil": tokens["foil_token_id"]})
+    return response.json(), want
+
+
+@pytest.mark.parametrize("hook", ["post_block", "pre_attn"])
+def test_prefix_reuse_reads_the_corrupt_runs_blocks_and_the_grid_still_equals_hf(sweep_server, hook):
+    got, want = long_sweep(sweep_server, hook)
+    assert_grid_close(got["grid"], want["grid"])
+    reuse = got["prefix_reuse"]
+    assert reuse["enabled"] is True and reuse["cell_prompt_tokens"] == got["num_cells"] * len(got["prompt_token_ids"])
+    # every cell past the first block reads at least that block from the cache (the test would not notice
+    # a server that silently recomputed everything)
+    blocks = [32 * (p // 32) for p in got["positions"]]
+    assert reuse["cached_tokens"] >= 0.5 * len(got["layers"]) * sum(blocks), reuse
+    assert got["noise_floor"]["abs_diff"] <= TOL
+    off, _ = long_sweep(sweep_server, hook, prefix_reuse=False)
+    assert off["prefix_reuse"] == {**reuse, "enabled": False, "cached_tokens": 0}
+    assert_grid_close(off["grid"], want["grid"])
+
+
+def test_concurrent_sweeps_on_one_prompt_never_read_each_others_patched_blocks(sweep_server):
+    """Two sweeps of the same corrupt prompt from different clean runs, at once, then plain requests:
+    each grid equals its own reference, and the plain requests get the unpatched answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    ref = sweep_server.reference
+    corrupt_ids = ref.encode(LONG_PAIR[1])
+    cleans = (LONG_PAIR[0], LONG_PAIR[0].replace("brown", "white").replace("warm", "cold"))
+    tokens = pick_tokens(ref, ref.encode(cleans[0]), corrupt_ids)
+
+    def sweep(clean: str) -> dict:
+        body = {"prompt": LONG_PAIR[1], "clean_prompt": clean, "hook": "post_block", "layers": "all",
+                "positions": list(range(0, len(corrupt_ids), 3)), "metric": "logit_diff", **tokens}
+        with httpx.Client(base_url=sweep_server.base_url, timeout=300) as http:
+            response = http.post("/v1/patch_sweep", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(sweep, cleans))
+    for clean, got in zip(cleans, results):
+        assert got["prefix_reuse"]["cached_tokens"] > 0
+        want = reference_grid(ref, ref.encode(clean), corrupt_ids, hook="post_block", layers=[0, 1],
+                              positions=got["positions"], answer=tokens["answer_token_id"],
+                              foil=tokens["foil_token_id"], metric="logit_diff")
+        assert_grid_close(got["grid"], want["grid"])
+    assert results[0]["grid"] != results[1]["grid"]  # different clean runs: the grids must differ
+    for prompt in LONG_PAIR:
+        plain = sweep_server.post("/v1/completions", {"model": sweep_server.model, "prompt": prompt, "max_tokens": 1,
+                                                      "temperature": 0, "logprobs": 1}).json()
+        (logprob,) = plain["choices"][0]["logprobs"]["top_logprobs"][0].values()
+        assert abs(logprob - float(ref.run(ref.encode(prompt))[0].max())) <= TOL
+
+
+def test_noise_with_prefix_reuse_equals_hf_reference(sweep_server):
+    """Causal tracing on a long prompt: cells past the noise read the noised corrupt run's blocks."""
+    from tests.patches.vllm.patch_sweep.reference import Noise
+
+    ref = sweep_server.reference
+    ids = ref.encode(LONG_PAIR[0])
+    noise = {"positions": [40, 41, 42], "seed": 3, "scale": 1.0}
+    answer = int(ref.run(ids)[0].argmax())
+    noised = Noise(noise["positions"], noise["seed"], noise["scale"])
+    foil = next(t for t in ref.run(ids, noise=noised)[0].argsort(descending=True).tolist() if t != answer)
+    positions = [0, 20, 39, 40, 42, 50, 64, 70, len(ids) - 1]
+    body = {"prompt": LONG_PAIR[0], "noise": noise, "hook": "post_block", "layers": "all", "positions": positions,
+            "answer_token_id": answer, "foil_token_id": foil, "metric": "logit_diff"}
+    response = sweep_server.post("/v1/patch_sweep", body)
+    assert response.status_code == 200, response.text
+    got = response.json()
+    assert got["prefix_reuse"]["cached_tokens"] > 0
+    want = reference_grid(ref, ids, ids, hook="post_block", layers=[0, 1], positions=positions, answer=answer, foil=foil,
+                          metric="logit_diff", noise=noised)
+    assert_grid_close(got["grid"], want["grid"])
+    assert abs(want["baselines"]["clean"]["logit_diff"] - want["baselines"]["corrupt"]["logit_diff"]) > 1e-3
+
+
 def test_stream_events_and_summary_equal_the_nonstreamed_response(sweep_server):
     clean, corrupt = CODE
     run = sweep_server.post("/v1/patch_runs", {"prompt": clean, "name": "stream-clean"}).json()
@@ -266,6 +363,7 @@ BAD = [
     ("noise-negative-seed", {"noise": {"positions": [1], "seed": -1}}, "noise.seed must be"),
     ("noise-bad-scale", {"noise": {"positions": [1], "scale": -0.5}}, "noise.scale must be"),
     ("noise-scale-string", {"noise": {"positions": [1], "scale": "big"}}, "noise.scale must be"),
+    ("prefix-reuse-not-bool", {"prefix_reuse": "yes"}, "prefix_reuse must be true or false"),
 ]
 
 
