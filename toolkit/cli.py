@@ -129,7 +129,7 @@ def _engines(args: argparse.Namespace) -> list[InstalledEngine]:
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     patches = [p for p in _engine.registry() if args.engine in (None, p.engine)]
     if args.json:
-        print(json.dumps([{"id": p.id, "engine": p.engine, "versions": list(p.versions), "summary": p.summary,
+        print(json.dumps([{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
                            "files": [f.relpath for f in p.files], "runtime_modules": list(p.runtime_modules)}
                           for p in patches], indent=2))
         return 0

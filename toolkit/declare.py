@@ -16,6 +16,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 ENGINES = ("vllm", "sglang")
+# Specifier operators that bound a range from above (``==0.5.*`` and ``~=0.5.9`` do too).
+UPPER_BOUNDS = ("<", "<=", "==", "~=", "===")
 
 TransformerRef = Union[str, Callable[["PatchContext"], Any]]
 
@@ -56,7 +58,8 @@ class FileEdit:
 class Patch:
     id: str
     engine: str
-    versions: Sequence[str]  # any-of: ("==0.5.9", "==0.5.23") or (">=0.32,<0.34",)
+    # One PEP 440 range with an upper bound, the newest release the tests prove: ">=0.5.9,<=0.5.23".
+    versions: str
     files: Sequence[FileEdit]
     summary: str
     runtime_modules: Sequence[str] = field(default_factory=tuple)
@@ -68,10 +71,14 @@ class Patch:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"patch {self.id}: unknown engine {self.engine!r}")
-        if isinstance(self.versions, str):
-            raise TypeError(f"patch {self.id}: versions must be a sequence of specifiers")
-        for spec in self.versions:
-            SpecifierSet(spec)  # validate early: a bad specifier is a bug in the patch
+        if not isinstance(self.versions, str):
+            raise TypeError(f"patch {self.id}: versions must be one range such as '>=0.5.9,<=0.5.23', "
+                            f"not {type(self.versions).__name__}")
+        specs = SpecifierSet(self.versions)  # validate early: a bad specifier is a bug in the patch
+        # A release newer than the newest one proved stays refused (--allow-unknown-version tries it).
+        if not any(s.operator in UPPER_BOUNDS for s in specs):
+            raise ValueError(f"patch {self.id}: versions {self.versions!r} has no upper bound "
+                             "(end it with the newest release proved, e.g. '<=0.5.23')")
 
     def load_verify_checks(self) -> list[Any]:
         """The checks named by ``verify_checks`` (imports their module)."""
@@ -82,13 +89,14 @@ class Patch:
 
     @property
     def versions_text(self) -> str:
-        return " or ".join(self.versions)
+        return self.versions
 
     def supports(self, version: str) -> bool:
-        """Whether ``version`` is in the list; a version that is not PEP 440 (``0.5.15.custom-build``)
-        is in no list (``--allow-unknown-version`` still tries it)."""
+        """Whether ``version`` is in the range; a version that is not PEP 440 (``0.5.15.custom-build``)
+        is in none (``--allow-unknown-version`` still tries it). A post release of the newest release
+        proved (``0.5.23.post1`` against ``<=0.5.23``) is outside: it is a newer release."""
         try:
             parsed = Version(version)
         except InvalidVersion:
             return False
-        return any(SpecifierSet(spec).contains(parsed, prereleases=True) for spec in self.versions)
+        return SpecifierSet(self.versions).contains(parsed, prereleases=True)

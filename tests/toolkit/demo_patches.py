@@ -113,28 +113,28 @@ class BreaksSyntax(AnchoredTransformer):
 DEMO = Patch(
     id="demo",
     engine="sglang",
-    versions=("==0.5.9", "==0.5.23"),
+    versions=">=0.5.9,<=0.5.23",
     files=(FileEdit("srt/protocol.py", (AddFieldToResponse,)), FileEdit("srt/serving.py", (WrapHandle,))),
     summary="adds a field and wraps a handler",
 )
 SECOND = Patch(
     id="second",
     engine="sglang",
-    versions=(">=0.5",),
+    versions=">=0.5,<1",
     files=(FileEdit("srt/serving.py", (AddOtherComment,)),),
     summary="edits a file the demo patch edits too",
 )
 BROKEN = Patch(
     id="broken",
     engine="sglang",
-    versions=(">=0",),
+    versions=">=0,<1",
     files=(FileEdit("srt/protocol.py", (AddFieldToResponse,)), FileEdit("srt/serving.py", (MissingAnchor,))),
     summary="its second file's anchor is missing",
 )
 UNCOMPILABLE = Patch(
     id="uncompilable",
     engine="sglang",
-    versions=(">=0",),
+    versions=">=0,<1",
     files=(FileEdit("srt/protocol.py", (BreaksSyntax,)),),
     summary="produces code that does not compile",
 )

@@ -106,7 +106,7 @@ def test_a_version_picking_codemod_on_a_non_pep_440_version_is_a_sentence():
             super().__init__(context)
             self.new = context.version.major > 0
 
-    patch = Patch("by-version", "sglang", (">=0",), (FileEdit("x.py", (ByVersion,)),), "picks by version")
+    patch = Patch("by-version", "sglang", ">=0,<1", (FileEdit("x.py", (ByVersion,)),), "picks by version")
     with pytest.raises(PatchError, match="not a PEP 440 version"):
         run_transformers(patch, patch.files[0], "x = 1\n", "0.5.15.custom-build")
 

@@ -107,7 +107,7 @@ def test_unsupported_version_fails_closed_unless_allowed(tmp_path):
     site = demo_patches.make_engine_tree(tmp_path / "site", version="0.6.0")
     installed = load_source(site).as_installed()
     original = digests(site)
-    with pytest.raises(PatchError, match=r"supports sglang ==0.5.9 or ==0.5.23.*0.6.0.*--allow-unknown-version"):
+    with pytest.raises(PatchError, match=r"supports sglang >=0.5.9,<=0.5.23.*0.6.0.*--allow-unknown-version"):
         engine.apply(installed, ["demo"])
     assert digests(site) == original
     assert engine.apply(installed, ["demo"], allow_unknown_version=True).changed

@@ -85,3 +85,27 @@ def test_runtime_module_imports_nothing_of_the_patch_engine(module):
     loaded = json.loads(out.stdout)
     engine_side = [m for m in loaded if m not in ALLOWED_IN_ENGINE and not m.startswith("toolkit.patches.")]
     assert engine_side == [], engine_side
+
+
+def test_versions_are_one_range_with_an_upper_bound():
+    from toolkit.declare import Patch
+
+    def declare(versions):
+        return Patch(id="p", engine="sglang", versions=versions, files=(), summary="")
+
+    proved = declare(">=0.5.9,<=0.5.23")
+    assert [proved.supports(v) for v in ("0.5.8", "0.5.9", "0.5.15.post1", "0.5.23")] == [False, True, True, True]
+    # newer than the newest release proved, a post release of it included: refused
+    assert not any(proved.supports(v) for v in ("0.5.23.post1", "0.5.24rc1", "0.6.0", "0.5.15.custom-build"))
+    with pytest.raises(TypeError, match="one range"):
+        declare(("==0.5.9", "==0.5.23"))
+    with pytest.raises(ValueError, match="no upper bound"):
+        declare(">=0.5.9")
+
+
+def test_toolkit_list_shows_each_patch_range():
+    out = subprocess.run([sys.executable, "-m", "toolkit", "list", "--json"], capture_output=True, text=True,
+                         check=True, cwd=REPO).stdout
+    rows = {(row["engine"], row["id"]): row["versions"] for row in json.loads(out)}
+    assert rows == {(p.engine, p.id): p.versions for p in all_patches()}
+    assert all(isinstance(v, str) and v[:2] in (">=", "==") for v in rows.values())

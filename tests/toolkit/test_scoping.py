@@ -16,7 +16,7 @@ from toolkit.sources import load_source
 
 from tests.toolkit import demo_patches
 
-VLLM_ONLY = Patch("vllm-only", "vllm", (">=0",), (FileEdit("srt/protocol.py", (demo_patches.AddFieldToResponse,)),),
+VLLM_ONLY = Patch("vllm-only", "vllm", ">=0,<1", (FileEdit("srt/protocol.py", (demo_patches.AddFieldToResponse,)),),
                   "a patch of the other engine")
 
 

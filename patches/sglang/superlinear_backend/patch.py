@@ -12,7 +12,7 @@ CODEMODS = "toolkit.patches.sglang.superlinear_backend.codemods"
 PATCH = Patch(
     id="superlinear-backend",
     engine="sglang",
-    versions=("==0.5.9",),
+    versions="==0.5.9",
     files=(
         FileEdit("srt/layers/attention/attention_registry.py", (f"{CODEMODS}:RegistryTransformer",)),
         FileEdit("srt/server_args.py", (f"{CODEMODS}:ChoicesTransformer",)),
