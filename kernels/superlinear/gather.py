@@ -179,38 +179,41 @@ def search_rows(q1_rows: torch.Tensor, keys: KeyRow, positions: torch.Tensor, ge
     """
     kv_heads, group, count, dim = q1_rows.shape
     device = q1_rows.device
-    anchors = torch.full((kv_heads, count, group, topk), -1, dtype=torch.int64, device=device)
-    scores = torch.full((kv_heads, count, group, topk), NEG_INF, device=device)
+    anchors = torch.full((count, kv_heads, group, topk), -1, dtype=torch.int64, device=device)
+    scores = torch.full((count, kv_heads, group, topk), NEG_INF, device=device)
     stripes = int(geometry.stripe_count[int(positions.max())]) if count else 0
-    if stripes == 0:
-        return anchors.transpose(1, 2).contiguous(), scores.transpose(1, 2).contiguous()
-    distance = geometry.stripe_distance[:stripes].to(device)
-    q_by_query = ws.get("search_q", (kv_heads, count, group, dim))
-    q_by_query.copy_(q1_rows.transpose(1, 2))
-    head_offset = (torch.arange(kv_heads, device=device) * keys.key_len)[:, None, None]
-    gather_step = max(1, _TEMP_ELEMENTS // max(1, kv_heads * stripes * dim))
-    select_step = max(gather_step, _SELECT_ELEMENTS // max(1, kv_heads * group * stripes))
-    for lo, hi in _chunks(count, select_step):
-        cand = positions[lo:hi, None] + 1 - distance  # [c, n] anchor positions
-        valid = cand >= 0
-        all_valid = bool(valid.all()) and keys.mask is None
-        cand = cand.clamp(min=0)
-        if keys.mask is not None:
-            valid &= keys.mask[cand]
-        rows = (head_offset + cand).view(kv_heads, hi - lo, stripes)
-        s = ws.get("search_scores", (kv_heads, hi - lo, group, stripes))
-        for a, b in _chunks(hi - lo, gather_step):
-            # One gather of the stripe keys serves the G query heads of each KV head.
-            k_st = ws.get("search_keys", (kv_heads * (b - a) * stripes, dim))
-            torch.index_select(keys.k_flat, 0, rows[:, a:b].reshape(-1), out=k_st)
-            torch.matmul(q_by_query[:, lo + a:lo + b], k_st.view(kv_heads, b - a, stripes, dim).transpose(-1, -2),
-                         out=s[:, a:b])
-        best, found = select_topk(s, None if all_valid else valid[None, :, None, :], topk)
-        kk = best.shape[-1]
-        picked = torch.gather(cand[None, :, None, :].expand(kv_heads, -1, group, -1), -1, best)
-        anchors[:, lo:hi, :, :kk] = torch.where(found, picked, -1)
-        scores[:, lo:hi, :, :kk] = torch.where(found, torch.gather(s, -1, best), NEG_INF)
-    return anchors.transpose(1, 2).contiguous(), scores.transpose(1, 2).contiguous()
+    if stripes > 0:
+        distance = geometry.stripe_distance[:stripes].to(device)
+        # Query-major layouts: every block of queries is one contiguous slice of each buffer.
+        q_by_query = ws.get("search_q", (count, kv_heads, group, dim))
+        q_by_query.copy_(q1_rows.permute(2, 0, 1, 3))
+        head_offset = (torch.arange(kv_heads, device=device) * keys.key_len)[None, :, None]
+        gather_step = max(1, _TEMP_ELEMENTS // max(1, kv_heads * stripes * dim))
+        select_step = max(gather_step, _SELECT_ELEMENTS // max(1, kv_heads * group * stripes))
+        for lo, hi in _chunks(count, select_step):
+            cand = positions[lo:hi, None] + 1 - distance  # [c, n] anchor positions
+            valid = cand >= 0
+            all_valid = bool(valid.all()) and keys.mask is None
+            cand = cand.clamp(min=0)
+            if keys.mask is not None:
+                valid &= keys.mask[cand]
+            rows = cand[:, None, :] + head_offset  # [c, H_KV, n]
+            s_t = ws.get("search_scores_t", (hi - lo, kv_heads, stripes, group))
+            for a, b in _chunks(hi - lo, gather_step):
+                # One gather of the stripe keys serves the G query heads of each KV head; keys x
+                # queries ([n, D] x [D, G] per query) runs about twice as fast as queries x keys.
+                k_st = ws.get("search_keys", ((b - a) * kv_heads * stripes, dim))
+                torch.index_select(keys.k_flat, 0, rows[a:b].reshape(-1), out=k_st)
+                torch.matmul(k_st.view(b - a, kv_heads, stripes, dim), q_by_query[lo + a:lo + b].transpose(-1, -2),
+                             out=s_t[a:b])
+            s = ws.get("search_scores", (hi - lo, kv_heads, group, stripes))
+            s.copy_(s_t.transpose(-1, -2))
+            best, found = select_topk(s, None if all_valid else valid[:, None, None, :], topk)
+            kk = best.shape[-1]
+            picked = torch.gather(cand[:, None, None, :].expand(-1, kv_heads, group, -1), -1, best)
+            anchors[lo:hi, :, :, :kk] = torch.where(found, picked, -1)
+            scores[lo:hi, :, :, :kk] = torch.where(found, torch.gather(s, -1, best), NEG_INF)
+    return anchors.permute(1, 2, 0, 3).contiguous(), scores.permute(1, 2, 0, 3).contiguous()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -374,9 +377,11 @@ def span_partials(q2_rows, keys: KeyRow, span_lo, span_hi, scale: float, ws: Wor
             torch.index_select(keys.v_blocks, 0, block_ids, out=v_t)
             pl, po = _masked_attention(q.view(n, tile_pairs, dim), k_t.view(n, span_keys, dim),
                                        v_t.view(n, span_keys, dim), bias, scale)
+            # index_copy_ (not out[slots] = ...): several times faster; only the discarded row
+            # `pairs` receives duplicate writes.
             slots = ids_ext[g0:g1].reshape(-1)
-            lse[slots] = pl.reshape(-1)
-            out[slots] = po.reshape(-1, dim)
+            lse.index_copy_(0, slots, pl.reshape(-1))
+            out.index_copy_(0, slots, po.reshape(-1, dim))
         start += size
     shape = (kv_heads, group, count, topk)
     return lse[:pairs].view(shape), out[:pairs].view(*shape, dim)
