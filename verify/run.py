@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from toolkit.extras import require
 
-require("verify", ("httpx",), "toolkit verify")
+require("verify", ("httpx", "psutil"), "toolkit verify")
 import httpx  # noqa: E402
 
 from toolkit.verify.checks import ERROR, FAIL, PASS, SKIP, CheckResult, Target, all_checks, missing_patches, run_checks

@@ -8,7 +8,7 @@ its own temporary directory (TMPDIR, HF_HOME and the engines' cache roots point 
 is off), on a free loopback port, with its output in a log file. Leaving the context (normally, on an
 exception or on Ctrl-C) sends SIGTERM to the process group, waits, then SIGKILLs every process of the
 server that is still alive, found by PID (the process tree and group recorded while it ran), and
-removes the temporary directory. Standard library only.
+removes the temporary directory. Needs psutil (the `verify` extra; every engine already depends on it).
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from toolkit.discovery import ENGINE_DISTRIBUTIONS as _DISTRIBUTION_ENGINES
+from toolkit.extras import require
+
+require("verify", ("psutil",), "toolkit verify's server launcher")
+import psutil  # noqa: E402
 
 __all__ = ["EngineServer", "ServerStartError", "engine_version", "free_port", "pid_alive"]
 
@@ -114,53 +118,60 @@ def _merge_args(defaults: Sequence[str], given: Sequence[str]) -> list[str]:
     return merged + list(given)
 
 
-# --- processes, by PID -------------------------------------------------------------------------
+# --- processes, by PID (psutil) ----------------------------------------------------------------
+# A process is named by (pid, create_time): a pid alone may be reused once its process is reaped.
 
-def _stat(pid: int) -> tuple[int, int, str, int] | None:
-    """(ppid, pgid, state, starttime) of a live process, from /proc."""
+_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
+
+
+def pid_alive(pid: int, started: float | None = None) -> bool:
+    """True when ``pid`` runs (not a zombie) and, if given, is the process created at ``started``."""
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2:].split()
-    return int(fields[1]), int(fields[2]), fields[0], int(fields[19])
-
-
-def pid_alive(pid: int, starttime: int | None = None) -> bool:
-    """True when ``pid`` runs (not a zombie) and, if given, is the process started at ``starttime``."""
-    info = _stat(pid)
-    if info is None or info[2] in ("Z", "X"):
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return False
+        return started is None or process.create_time() == started
+    except _GONE:
         return False
-    return starttime is None or info[3] == starttime
 
 
-def _all_processes() -> dict[int, tuple[int, int, str, int]]:
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            info = _stat(int(entry))
-            if info is not None:
-                table[int(entry)] = info
-    return table
+def _created(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except _GONE:
+        return None
 
 
-def _tree(root: int | None, pgid: int | None) -> dict[int, int]:
-    """pid -> starttime of ``root``, its descendants, and the members of process group ``pgid``."""
-    table = _all_processes()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    found: dict[int, int] = {}
-    stack = [root] if root is not None else []
-    while stack:
-        pid = stack.pop()
-        if pid in table and pid not in found:
-            found[pid] = table[pid][3]
-            stack.extend(children.get(pid, ()))
+def _group_members(pgid: int) -> dict[int, float]:
+    """pid -> create_time of the live members of process group ``pgid``."""
+    found = {}
+    for process in psutil.process_iter(["status", "create_time"]):
+        if process.info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            continue
+        try:
+            if os.getpgid(process.pid) == pgid:
+                found[process.pid] = process.info["create_time"]
+        except OSError:
+            pass
+    return found
+
+
+def _tree(root: int | None, pgid: int | None) -> dict[int, float]:
+    """pid -> create_time of ``root``, its descendants, and the members of process group ``pgid``."""
+    found: dict[int, float] = {}
+    if root is not None:
+        try:
+            process = psutil.Process(root)
+            for member in (process, *process.children(recursive=True)):
+                try:
+                    found[member.pid] = member.create_time()
+                except _GONE:
+                    pass
+        except _GONE:
+            pass
     if pgid is not None:
-        for pid, (_, group, _, start) in table.items():
-            if group == pgid:
-                found.setdefault(pid, start)
+        for pid, created in _group_members(pgid).items():
+            found.setdefault(pid, created)
     return found
 
 
@@ -207,11 +218,11 @@ class EngineServer:
         self.version: str | None = None
         self.command: list[str] = []
         self.process: subprocess.Popen | None = None
-        self.seen_pids: dict[int, int] = {}  # pid -> starttime of every server process seen
+        self.seen_pids: dict[int, float] = {}  # pid -> create_time of every server process seen
         self._log_handle = None
         self._final_log: str = ""
         self._stopped = False
-        self._root_start = 0
+        self._root_start: float | None = None
 
     # --- public ---------------------------------------------------------------------------
 
@@ -273,7 +284,7 @@ class EngineServer:
                 cwd=self._workdir(),
                 start_new_session=True,  # its own session and process group
             )
-            self._root_start = (_stat(self.process.pid) or (0, 0, "", 0))[3]
+            self._root_start = _created(self.process.pid)
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -336,10 +347,10 @@ class EngineServer:
         if self.process.returncode is None:
             return True  # the leader is not reaped: its pid, the group id, is still ours
         pgid = self.process.pid
-        leader = _stat(pgid)
-        if leader is not None and leader[3] != self._root_start:
+        leader = _created(pgid)
+        if leader is not None and leader != self._root_start:
             return False  # that pid now names another process; a group with its id is not ours
-        return any(group == pgid for _, group, state, _ in _all_processes().values() if state not in ("Z", "X"))
+        return bool(_group_members(pgid))
 
     def _signal_all(self, sig: int) -> None:
         """``sig`` to the process group and to every server process seen, each checked by PID."""

@@ -14,19 +14,18 @@
 request; ``server_side=False`` sends one HTTP request per cell, with spans resolved here by the same
 module the server uses (``toolkit.patches.common.spans``), which needs the model's tokenizer (transformers).
 
-Only the standard library is needed for HTTP; numpy for ``to_numpy``; matplotlib for a labelled PNG
-(without it ``plot`` still writes a plain heatmap PNG); rich (a toolkit dependency) for the terminal.
+Only the standard library is needed for HTTP; numpy for ``to_numpy`` (the ``client`` extra); matplotlib
+for ``plot`` (the ``plot`` extra; without it ``plot`` stops with one sentence naming it); rich (a toolkit
+dependency) for the terminal.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import struct
 import urllib.error
 import urllib.request
 import uuid
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -157,17 +156,17 @@ class SweepResult:
         return [f"{p}:{t!r}"[:14] for p, t in zip(self.positions, tokens)]
 
     def plot(self, path: str | Path, title: str | None = None) -> Path:
-        """Write the heatmap as a PNG: labelled with matplotlib when it is installed, else a plain one
-        (one square per cell, blue low, red high, grey skipped)."""
-        path = Path(path)
-        try:
-            import matplotlib
+        """Write the heatmap as a PNG with matplotlib (the ``plot`` extra): layers down, positions (with
+        their tokens) across, skipped cells blank."""
+        from toolkit.extras import require
 
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            path.write_bytes(_heatmap_png(self.grid))
-            return path
+        require("plot", ("matplotlib",), "PatchStudy's plot()")
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        path = Path(path)
         figure, axes = plt.subplots(figsize=(max(4, 0.45 * len(self.positions) + 2), max(2.5, 0.4 * len(self.layers) + 1.5)))
         image = axes.imshow(self.to_numpy(), cmap="RdBu_r", aspect="auto")
         axes.set_xticks(range(len(self.positions)), self._labels(), rotation=60, ha="right", fontsize=7)
@@ -229,23 +228,6 @@ def _shade(value: float, low: float, high: float) -> tuple[int, int, int]:
 
 def _hex(rgb: tuple[int, int, int]) -> str:
     return "#%02x%02x%02x" % rgb
-
-
-def _heatmap_png(grid: Sequence[Sequence[float | None]], cell: int = 16) -> bytes:
-    """A PNG of the grid with no dependency: RGB, ``cell`` pixels a square."""
-    values = [v for row in grid for v in row if v is not None]
-    low, high = (min(values), max(values)) if values else (0.0, 0.0)
-    width, height = max(1, len(grid[0]) if grid else 1) * cell, max(1, len(grid)) * cell
-    rows = []
-    for row in grid or [[None]]:
-        line = b"".join(bytes((160, 160, 160) if v is None else _shade(v, low, high)) * cell for v in (row or [None]))
-        rows += [b"\x00" + line] * cell
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b"")
 
 
 # --------------------------------------------------------------------------------------------------

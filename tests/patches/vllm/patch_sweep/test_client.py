@@ -26,29 +26,29 @@ def test_argmax_top_and_numpy():
     assert result([[None, None, None], [None, None, None]]).argmax_cell() is None
 
 
-def test_plot_writes_a_png_and_the_terminal_rendering_names_tokens(tmp_path):
+def test_plot_writes_a_labelled_png_and_the_terminal_rendering_names_tokens(tmp_path):
     sweep = result([[0.5, None, 2.0], [-1.0, 2.0, 0.25]])
-    path = sweep.plot(tmp_path / "heat.png")
+    path = sweep.plot(tmp_path / "heat.png", title="recovered")
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and b"IDAT" in data and data.endswith(b"IEND\xaeB`\x82")
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(path)
+    assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100  # a figure, not one pixel a cell
     text = sweep.to_text()
     assert "3:'a'" in text and "2:'c'" in text and "—" in text and "0.25" in text
 
 
-def test_builtin_png_has_one_square_per_cell(tmp_path):
-    import struct
-    import zlib
+def test_plot_without_matplotlib_is_one_sentence_naming_the_extra(tmp_path, monkeypatch):
+    import sys
 
-    from toolkit.patches.vllm.patch_sweep.client import _heatmap_png
+    from toolkit.extras import MissingExtra
 
-    png = _heatmap_png([[0.0, 1.0], [None, 0.5]], cell=4)
-    width, height = struct.unpack(">II", png[16:24])
-    assert (width, height) == (8, 8)
-    idat = png[png.index(b"IDAT") + 4: png.index(b"IEND") - 8]
-    pixels = zlib.decompress(idat)
-    assert len(pixels) == height * (1 + width * 3)
-    first_row = pixels[1:1 + width * 3]
-    assert first_row[:3] == bytes((40, 90, 255)) and first_row[-3:] == bytes((255, 90, 40))  # low blue, high red
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without it looks like to imports
+    with pytest.raises(MissingExtra, match=r"plot\(\) needs the 'plot' extra \(matplotlib not installed\): "
+                                           r"pip install 'serving-toolkit\[plot\]'"):
+        result([[1.0, 2.0, 3.0], [0.0, 1.0, 2.0]]).plot(tmp_path / "heat.png")
+    assert not (tmp_path / "heat.png").exists()
 
 
 def test_per_cell_path_refuses_clean_prompt_without_a_captured_run():
