@@ -16,7 +16,7 @@ synchronisation:
    of the search scores, written straight into the engine's ``[T, H_Q, D]`` output.
 
 The plain PyTorch reference of the same computation is ``toolkit.kernels.superlinear.paged`` with
-``impl="gather"`` (reads each request's prefix, then ``gather.py``).
+``impl="gather"`` (reads each request's prefix, then ``gather/``).
 """
 
 from __future__ import annotations
