@@ -180,3 +180,40 @@ def prefix_from_messages(messages: Any) -> list[int] | None:
             generated = message.get("generation_token_ids")
             return list(message["prompt_token_ids"]) + list(generated if isinstance(generated, list) else [])
     return None
+
+
+def normalize_token_fields(data: dict, check_ids: Callable[[Any, str], list[int]],
+                           error: Callable[[str, str], Exception]) -> None:
+    """Peers' field names onto ours, in a raw chat request body: verifiers' ``tokens`` is
+    ``input_ids``; NeMo-RL's ``required_prefix_token_ids`` and NeMo-Gym's ids on the last assistant
+    message are ``prefix_token_ids``. ``check_ids(value, field)`` type-checks a list of ids;
+    ``error(message, field)`` is the engine's 400. Conflicting fields are refused."""
+    if data.get("tokens") is not None:
+        if data.get("input_ids") is not None:
+            raise error("send the prompt ids once: `tokens` and `input_ids` are the same field", "tokens")
+        data["input_ids"] = check_ids(data.pop("tokens"), "tokens")
+    required = data.pop("required_prefix_token_ids", None)
+    if required is not None:
+        if data.get("prefix_token_ids") is not None and data["prefix_token_ids"] != required:
+            raise error("`prefix_token_ids` and `required_prefix_token_ids` differ: send one of them",
+                        "prefix_token_ids")
+        data["prefix_token_ids"] = required
+    if data.get("prefix_token_ids") is None and data.get("input_ids") is None:
+        from_messages = prefix_from_messages(data.get("messages"))
+        if from_messages is not None:
+            data["prefix_token_ids"] = from_messages
+    if data.get("prefix_token_ids") is not None:
+        check_ids(data["prefix_token_ids"], "prefix_token_ids")
+        if data.get("input_ids") is not None:
+            raise error("`prefix_token_ids` cannot be used with `input_ids`: `input_ids` is the whole prompt",
+                        "prefix_token_ids")
+        if not data.get("messages"):
+            raise error("`prefix_token_ids` needs `messages`: the conversation the prefix starts", "prefix_token_ids")
+
+
+def out_of_vocabulary(ids: Sequence[int], limit: int | None, field: str = "prefix_token_ids") -> str | None:
+    """The message for the first id of ``ids`` at or past ``limit`` (None when all are below)."""
+    if limit is None or max(ids) < limit:
+        return None
+    position = next(i for i, value in enumerate(ids) if value >= limit)
+    return f"`{field}` item {position} is {ids[position]}, out of the vocabulary (ids must be < {limit})"

@@ -5,6 +5,9 @@ protocol.py: ``input_ids`` (0.5.23 has it already) and ``logprob_start_len`` on
 ``TopLogprob`` and ``ChatCompletionTokenLogprob``; ``prompt_logprobs`` on ``ChatCompletionResponse``,
 left out of the JSON when None.
 
+http_server.py: ``openai_v1_chat_completions`` also answers ``/v1/chat/completions/tokens``
+(prime-rl / verifiers' token route; the validator maps its ``tokens`` field to ``input_ids``).
+
 serving_chat.py (``OpenAIServingChat``): ``_validate_request`` lets ``messages`` be empty when
 ``input_ids`` are sent; ``_process_messages`` skips the chat template for ``input_ids`` (0.5.23 has
 that branch already: it is checked, not edited); ``_convert_to_internal_request`` is decorated (ids
@@ -18,8 +21,8 @@ import libcst as cst
 import libcst.matchers as m
 from packaging.version import Version
 
-from toolkit.codemod import (AnchoredTransformer, PatchContext, after_last_field, has_params, in_method, is_field,
-                             with_body)
+from toolkit.codemod import (MODULE, AnchoredTransformer, PatchContext, after_last_field, has_params, in_method,
+                             is_field, with_body)
 from toolkit.patches.sglang.token_ids.codemods import (
     WRAP_SERIALIZER,  # the serializer both patches decorate
 )
@@ -35,6 +38,7 @@ NEW_API = Version("0.5.23")  # input_ids upstream; logprob entries built from th
 
 INPUT_IDS_FIELD = "input_ids: Optional[List[int]] = None"
 LOGPROB_START_FIELD = "logprob_start_len: Optional[int] = None"
+PREFIX_FIELD = "prefix_token_ids: Optional[List[int]] = None"
 
 
 class ProtocolTransformer(AnchoredTransformer):
@@ -42,8 +46,8 @@ class ProtocolTransformer(AnchoredTransformer):
     INSIDE = {name: frozenset() for name in  # module-level classes; no method is edited
               ("ChatCompletionRequest", "TopLogprob", "ChatCompletionTokenLogprob", "ChatCompletionResponse")}
     ANCHORS = {
-        "ChatCompletionRequest": "class ChatCompletionRequest (gets logprob_start_len, input_ids unless present, "
-        "and a validator)",
+        "ChatCompletionRequest": "class ChatCompletionRequest (gets logprob_start_len, prefix_token_ids, input_ids "
+        "unless present, and a validator)",
         "TopLogprob": "class TopLogprob (gets a token_id field)",
         "ChatCompletionTokenLogprob": "class ChatCompletionTokenLogprob (gets a token_id field)",
         "ChatCompletionResponse.serializer": "ChatCompletionResponse's model_serializer(mode=\"wrap\") "
@@ -64,7 +68,7 @@ class ProtocolTransformer(AnchoredTransformer):
     def request_fields(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hit("ChatCompletionRequest")
         body = list(updated_node.body.body)
-        fields = [self.marked_statement(LOGPROB_START_FIELD)]
+        fields = [self.marked_statement(LOGPROB_START_FIELD), self.marked_statement(PREFIX_FIELD)]
         if not any(is_field(statement, "input_ids") for statement in body):
             fields.insert(0, self.marked_statement(INPUT_IDS_FIELD))
         validator = self.before_validator("_toolkit_tito_request", f"{RUNTIME}.normalize_request")
@@ -182,3 +186,26 @@ class ServingChatTransformer(AnchoredTransformer):
         )
         return branch.with_changes(leading_lines=updated_node.leading_lines,
                                    orelse=updated_node.with_changes(leading_lines=[]))
+
+
+# --------------------------------------------------------------------------------------------------
+# sglang/srt/entrypoints/http_server.py
+
+CHAT_ROUTE = m.Decorator(decorator=m.Call(func=m.Attribute(value=m.Name("app"), attr=m.Name("post")),
+                                          args=[m.Arg(value=m.SimpleString('"/v1/chat/completions"')), m.ZeroOrMore()]))
+TOKENS_ROUTE = 'app.post("/v1/chat/completions/tokens", dependencies=[Depends(validate_json_request)], include_in_schema=False)'
+
+
+class HttpServerTransformer(AnchoredTransformer):
+    INSIDE = {MODULE: frozenset({"openai_v1_chat_completions"})}
+    ANCHORS = {"chat-route": "the @app.post(\"/v1/chat/completions\", ...) decorator of openai_v1_chat_completions"}
+
+    @m.leave(m.FunctionDef(name=m.Name("openai_v1_chat_completions")))
+    def tokens_route(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        decorators = list(updated_node.decorators)
+        for position, decorator in enumerate(decorators):
+            if m.matches(decorator, CHAT_ROUTE):
+                self.hit("chat-route")
+                decorators.insert(position, self.marked_decorator(TOKENS_ROUTE))
+                break
+        return updated_node.with_changes(decorators=decorators)

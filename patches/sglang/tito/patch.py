@@ -12,7 +12,8 @@ PATCH = Patch(
     files=(
         FileEdit("srt/entrypoints/openai/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
         FileEdit("srt/entrypoints/openai/serving_chat.py", (f"{CODEMODS}:ServingChatTransformer",)),
+        FileEdit("srt/entrypoints/http_server.py", (f"{CODEMODS}:HttpServerTransformer",)),
     ),
-    summary="input_ids as the exact prompt of chat requests, token_id on logprobs, logprob_start_len",
+    summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, token_id on logprobs, logprob_start_len",
     runtime_modules=("toolkit.patches.sglang.tito.runtime",),
 )

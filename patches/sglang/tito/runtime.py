@@ -13,6 +13,10 @@ The contract (docs/tito.md), the same as on vLLM:
   none, so prefix caching stays intact. SGLang's first entry is always empty, so the engine is asked
   for one position earlier and position ``k`` itself has its logprob, as on vLLM.
 - ``token_id`` on every logprob entry and on each of its ``top_logprobs``.
+- ``prefix_token_ids`` (also NeMo-RL's ``required_prefix_token_ids``, or NeMo-Gym's ids on the last
+  assistant message): the prompt starts with these ids exactly and continues with what the chat
+  template puts after them (``toolkit.patches.common.prefix_splice``).
+- ``tokens`` (prime-rl / verifiers' ``/v1/chat/completions/tokens`` body): the same as ``input_ids``.
 
 Bad input raises ``ValueError``: in a pydantic validator SGLang turns it into an HTTP 400 through its
 request-validation handler; in the serving class, ``handle_request`` answers it with a 400.
@@ -26,6 +30,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from toolkit.patches.common import prefix_splice
 from toolkit.patches.common.serialize import omit_when_none  # noqa: F401 (the patched serializers call it here)
 
 TOKEN_IDS_RUNTIME = "toolkit.patches.sglang.token_ids.runtime"
@@ -49,22 +54,26 @@ def has_input_ids(request: Any) -> bool:
 # request fields (ChatCompletionRequest's "before" validator)
 
 
-def check_input_ids(ids: Any) -> list[int]:
+def check_input_ids(ids: Any, field: str = "input_ids") -> list[int]:
     """Type checks that need no engine: a non-empty list of non-negative ints."""
     if not isinstance(ids, list):
-        raise ValueError(f"`input_ids` must be a list of integer token ids, got {type(ids).__name__}")
+        raise ValueError(f"`{field}` must be a list of integer token ids, got {type(ids).__name__}")
     if not ids:
-        raise ValueError("`input_ids` must not be empty: the prompt needs at least one token")
+        raise ValueError(f"`{field}` must not be empty: the prompt needs at least one token")
     if all(type(value) is int for value in ids) and min(ids) >= 0:
         return ids  # the common case, in C-speed loops; the loop below finds what is wrong
     for position, value in enumerate(ids):
         if not _is_int(value):
             raise ValueError(
-                f"`input_ids` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}"
+                f"`{field}` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}"
             )
         if value < 0:
-            raise ValueError(f"`input_ids` must not contain negative ids: item {position} is {value}")
+            raise ValueError(f"`{field}` must not contain negative ids: item {position} is {value}")
     return ids
+
+
+def _value_error(message: str, field: str) -> Exception:
+    return ValueError(message)
 
 
 def normalize_request(data: Any) -> Any:
@@ -76,6 +85,10 @@ def normalize_request(data: Any) -> Any:
     """
     if not isinstance(data, dict):
         return data
+    prefix_splice.normalize_token_fields(data, check_input_ids, _value_error)
+    if data.get("prefix_token_ids") is not None and data.get("return_token_ids") is None \
+            and token_ids_patch_loaded():
+        data["return_token_ids"] = True
     if data.get("input_ids") is not None:
         check_input_ids(data["input_ids"])
         if data.get("messages") is None:
@@ -146,28 +159,105 @@ def check_prompt_ids(serving: Any, request: Any) -> None:
     does not check at all, and they would fail the model's embedding lookup.
     """
     ids = check_input_ids(request.input_ids)
-    limit = vocab_size(serving)
-    if limit is not None and max(ids) >= limit:
-        for position, value in enumerate(ids):
-            if value >= limit:
-                raise ValueError(
-                    f"`input_ids` item {position} is {value}, out of the vocabulary (ids must be < {limit})"
-                )
+    outside = prefix_splice.out_of_vocabulary(ids, vocab_size(serving), "input_ids")
+    if outside:
+        raise ValueError(outside)
+    check_context(serving, request, len(ids), "`input_ids`")
+
+
+def check_context(serving: Any, request: Any, length: int, label: str) -> None:
+    """The prompt (``label`` names it) plus ``max_tokens`` must stay below the model's context."""
     context = context_length(serving)
     if context is None:
         return
-    length = len(ids)
     max_tokens = request.max_completion_tokens or request.max_tokens
     if length >= context:
         raise ValueError(
-            f"`input_ids` has {length} tokens, which leaves no room for output in the "
+            f"{label} has {length} tokens, which leaves no room for output in the "
             f"model's context of {context} tokens"
         )
     if max_tokens is not None and length + max_tokens >= context:
         raise ValueError(
-            f"`input_ids` has {length} tokens and max_tokens is {max_tokens}: {length + max_tokens} "
+            f"{label} has {length} tokens and max_tokens is {max_tokens}: {length + max_tokens} "
             f"reaches the model's context of {context} tokens (the prompt plus max_tokens must stay below it)"
         )
+
+
+class _TemplateCalls:
+    """Records the chat-template calls SGLang makes while it renders one request (the messages as
+    SGLang hands them to the template, with its tools and keyword arguments), so the splice renders
+    variants of the conversation exactly as SGLang would. ``_convert_to_internal_request`` is
+    synchronous: no other request renders while the recorder is in place."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.original = tokenizer.apply_chat_template
+        self.own = tokenizer.__dict__.get("apply_chat_template")  # an instance attribute to put back
+        self.calls: list[tuple[list, dict]] = []
+
+    def __enter__(self) -> "_TemplateCalls":
+        original = self.original
+
+        def recorder(conversation: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(conversation, *args, **kwargs)
+            self.calls.append((conversation, kwargs))  # after it rendered: a failed attempt is not kept
+            return result
+
+        self.tokenizer.apply_chat_template = recorder
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.own is not None:
+            self.tokenizer.apply_chat_template = self.own
+        else:
+            del self.tokenizer.apply_chat_template
+
+    def template(self) -> prefix_splice.Template:
+        conversation, recorded = self.calls[-1]
+        tokenizer, original = self.tokenizer, self.original
+
+        def render(messages: list, add_generation_prompt: bool | None) -> str:
+            kwargs = {k: v for k, v in recorded.items() if k not in ("tokenize", "return_dict")}
+            if add_generation_prompt is not None:
+                kwargs.update(add_generation_prompt=add_generation_prompt, continue_final_message=False)
+            return original(messages, tokenize=False, return_dict=False, **kwargs)
+
+        return prefix_splice.Template(
+            render=render, encode=lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
+            decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False,
+                                                clean_up_tokenization_spaces=False))
+
+
+def splice_into(serving: Any, request: Any, adapted_request: Any, calls: _TemplateCalls) -> None:
+    """The engine request's prompt becomes ``prefix_token_ids`` exactly, then what the template puts
+    after them (``prefix_splice.splice``); a ValueError (HTTP 400) when it cannot be."""
+    prefix = check_input_ids(request.prefix_token_ids, "prefix_token_ids")
+    outside = prefix_splice.out_of_vocabulary(prefix, vocab_size(serving))
+    if outside:
+        raise ValueError(outside)
+    if not calls.calls:
+        raise ValueError("`prefix_token_ids` needs the server's Jinja chat template (this server renders "
+                         "chat prompts another way)")
+    if getattr(adapted_request, "image_data", None) or getattr(adapted_request, "audio_data", None) \
+            or getattr(adapted_request, "video_data", None):
+        raise ValueError("`prefix_token_ids` works with text conversations only (this prompt has media)")
+    template = calls.template()
+    rendered = getattr(adapted_request, "input_ids", None)
+    if rendered is None or isinstance(rendered, str):
+        rendered = template.encode(adapted_request.text)
+    elif rendered and isinstance(rendered[0], list):
+        rendered = rendered[0]
+    rendered = list(rendered)
+    if rendered[: len(prefix)] != prefix:
+        messages = calls.calls[-1][0]
+        try:
+            rendered = prefix_splice.splice(prefix, rendered, template.decode(rendered), messages, template).prompt
+        except prefix_splice.SpliceError as error:
+            raise ValueError(str(error)) from None
+    check_context(serving, request, len(rendered), "the spliced prompt (`prefix_token_ids` and the new turn)")
+    adapted_request.input_ids = rendered
+    if getattr(adapted_request, "text", None) is not None:
+        adapted_request.text = None
 
 
 def _prompt_length(adapted_request: Any) -> int | None:
@@ -188,8 +278,9 @@ def convert_request(method: Callable) -> Callable:
     """Decorate ``OpenAIServingChat._convert_to_internal_request(self, request, raw_request)``.
 
     Before: ``input_ids`` are checked against the served model. After: the engine request's prompt
-    is exactly ``input_ids`` (a copy: SGLang edits prompts in place), and ``logprob_start_len``
-    replaces upstream's hard-coded -1, with logprobs computed when it asks for prompt logprobs.
+    is exactly ``input_ids`` (a copy: SGLang edits prompts in place), or the templated prompt with
+    ``prefix_token_ids`` spliced in, and ``logprob_start_len`` replaces upstream's hard-coded -1,
+    with logprobs computed when it asks for prompt logprobs.
     """
 
     @functools.wraps(method)
@@ -197,7 +288,12 @@ def convert_request(method: Callable) -> Callable:
         with_ids = has_input_ids(request)
         if with_ids:
             check_prompt_ids(self, request)
-        adapted_request, processed_request = method(self, request, *args, **kwargs)
+        if getattr(request, "prefix_token_ids", None) is not None and not with_ids:
+            with _TemplateCalls(self.tokenizer_manager.tokenizer) as calls:
+                adapted_request, processed_request = method(self, request, *args, **kwargs)
+            splice_into(self, request, adapted_request, calls)
+        else:
+            adapted_request, processed_request = method(self, request, *args, **kwargs)
         if with_ids:
             adapted_request.input_ids = list(request.input_ids)
             if getattr(adapted_request, "text", None) is not None:

@@ -77,36 +77,6 @@ def check_input_ids(ids: Any, field: str = "input_ids") -> list[int]:
     return ids
 
 
-def normalize_token_fields(data: dict) -> None:
-    """Peers' field names onto ours: verifiers' ``tokens`` is ``input_ids``; NeMo-RL's
-    ``required_prefix_token_ids`` and NeMo-Gym's ids on the last assistant message are
-    ``prefix_token_ids``. Conflicting fields are a 400."""
-    if data.get("tokens") is not None:
-        if data.get("input_ids") is not None:
-            raise bad_request("send the prompt ids once: `tokens` and `input_ids` are the same field", "tokens")
-        data["input_ids"] = check_input_ids(data.pop("tokens"), "tokens")
-    required = data.pop("required_prefix_token_ids", None)
-    if required is not None:
-        if data.get("prefix_token_ids") is not None and data["prefix_token_ids"] != required:
-            raise bad_request("`prefix_token_ids` and `required_prefix_token_ids` differ: send one of them",
-                              "prefix_token_ids")
-        data["prefix_token_ids"] = required
-    if data.get("prefix_token_ids") is None and data.get("input_ids") is None:
-        from_messages = prefix_splice.prefix_from_messages(data.get("messages"))
-        if from_messages is not None:
-            data["prefix_token_ids"] = from_messages
-    if data.get("prefix_token_ids") is not None:
-        check_input_ids(data["prefix_token_ids"], "prefix_token_ids")
-        if data.get("input_ids") is not None:
-            raise bad_request("`prefix_token_ids` cannot be used with `input_ids`: `input_ids` is the whole prompt",
-                              "prefix_token_ids")
-        if not data.get("messages"):
-            raise bad_request("`prefix_token_ids` needs `messages`: the conversation the prefix starts",
-                              "prefix_token_ids")
-        if data.get("return_token_ids") is None:
-            data["return_token_ids"] = True
-
-
 def normalize_request(data: Any) -> Any:
     """Check and complete a raw chat request body before pydantic validates its fields.
 
@@ -117,7 +87,9 @@ def normalize_request(data: Any) -> Any:
     """
     if not isinstance(data, dict):
         return data
-    normalize_token_fields(data)
+    prefix_splice.normalize_token_fields(data, check_input_ids, bad_request)
+    if data.get("prefix_token_ids") is not None and data.get("return_token_ids") is None:
+        data["return_token_ids"] = True
     if data.get("input_ids") is not None:
         check_input_ids(data["input_ids"])
         if data.get("truncate_prompt_tokens") is not None:
@@ -250,11 +222,9 @@ def splice_prefix(request: Any, renderer: Any, messages: list, chat_params: Any,
         raise bad_request("`prefix_token_ids` works with text conversations only (this prompt has media)",
                           "prefix_token_ids")
     prefix = check_input_ids(prefix, "prefix_token_ids")
-    limit = vocab_limit(renderer)
-    if limit is not None and max(prefix) >= limit:
-        position = next(i for i, value in enumerate(prefix) if value >= limit)
-        raise bad_request(f"`prefix_token_ids` item {position} is {prefix[position]}, out of the vocabulary "
-                          f"(ids must be < {limit})", "prefix_token_ids")
+    outside = prefix_splice.out_of_vocabulary(prefix, vocab_limit(renderer))
+    if outside:
+        raise bad_request(outside, "prefix_token_ids")
     rendered = engine_input["prompt_token_ids"]
     if list(rendered[: len(prefix)]) == list(prefix):
         return engine_input  # re-rendering reproduced the prefix: nothing to splice

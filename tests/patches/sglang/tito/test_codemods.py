@@ -20,7 +20,7 @@ from toolkit.errors import AnchorError
 from toolkit.sources import load_source
 from toolkit.transform import transform_or_raise
 
-PROTOCOL, SERVING_CHAT = PATCH.files
+PROTOCOL, SERVING_CHAT, HTTP_SERVER = PATCH.files
 VERSIONS = ("0.5.9", "0.5.23")
 
 
@@ -98,6 +98,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     input_ids: Optional[List[int]] = None  # toolkit:tito
     logprob_start_len: Optional[int] = None  # toolkit:tito
+    prefix_token_ids: Optional[List[int]] = None  # toolkit:tito
 
     @model_validator(mode="before")
     @classmethod
@@ -336,6 +337,31 @@ def source_tree(version: str) -> Path:
     return ensure_source_tree("sglang", version)
 
 
+HTTP_BEFORE = '''
+app = FastAPI()
+
+
+@app.post("/v1/chat/completions", dependencies=[Depends(validate_json_request)])
+async def openai_v1_chat_completions(request: ChatCompletionRequest, raw_request: Request):
+    return await raw_request.app.state.openai_serving_chat.handle_request(request, raw_request)
+
+
+@app.post("/v1/embeddings")
+async def openai_v1_embeddings(request, raw_request):
+    return None
+'''
+HTTP_AFTER = HTTP_BEFORE.replace(
+    '@app.post("/v1/chat/completions", ',
+    '@app.post("/v1/chat/completions/tokens", dependencies=[Depends(validate_json_request)], include_in_schema=False)'
+    '  # toolkit:tito\n@app.post("/v1/chat/completions", ')
+
+
+def test_http_server_answers_the_tokens_route_with_the_chat_handler():
+    assert patched(HTTP_SERVER, HTTP_BEFORE) == HTTP_AFTER
+    with pytest.raises(AnchorError, match="chat-route"):
+        patched(HTTP_SERVER, HTTP_BEFORE.replace('"/v1/chat/completions"', '"/v1/chat"'))
+
+
 def real(version: str, relpath: str) -> str:
     return (source_tree(version) / "sglang" / relpath).read_text()
 
@@ -343,10 +369,12 @@ def real(version: str, relpath: str) -> str:
 # import, request fields (+ input_ids on 0.5.9), validator, two token_id fields, prompt_logprobs field
 # and serializer decorator / import, messages check, four (0.5.9) or three decorators, template branch (0.5.9)
 MARKED_EDITS = {
-    (PROTOCOL.relpath, "0.5.9"): 8,
-    (PROTOCOL.relpath, "0.5.23"): 7,
+    (PROTOCOL.relpath, "0.5.9"): 9,
+    (PROTOCOL.relpath, "0.5.23"): 8,
     (SERVING_CHAT.relpath, "0.5.9"): 7,
     (SERVING_CHAT.relpath, "0.5.23"): 5,
+    (HTTP_SERVER.relpath, "0.5.9"): 1,  # the tokens route
+    (HTTP_SERVER.relpath, "0.5.23"): 1,
 }
 
 
