@@ -21,7 +21,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from toolkit.codemod import MODULE, AnchoredTransformer, after_last_field, in_method, with_body
+from toolkit.codemod import MODULE, AnchoredTransformer, after_last_field, has_params, in_method, with_body
 
 RUNTIME = "_toolkit_tito"
 PACKAGE = "toolkit.patches.vllm.tito"
@@ -104,7 +104,8 @@ RENDER_CHAT = m.SimpleStatementLine(body=[m.Assign(value=m.Await(m.Call(func=m.A
 
 class OnlineRendererTransformer(AnchoredTransformer):
     RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
-    INSIDE = {MODULE: frozenset({"_reused_prompt_token_ids"}), "OnlineRenderer": frozenset({"preprocess_chat"})}
+    INSIDE = {MODULE: frozenset({"_reused_prompt_token_ids"}),
+              "OnlineRenderer": frozenset({"preprocess_chat", "_make_request_with_harmony"})}
     ANCHORS = {
         "_reused_prompt_token_ids": "module function _reused_prompt_token_ids(request, renderer, ...)",
         "render-chat": "`... = await renderer.render_chat_async(...)` in OnlineRenderer.preprocess_chat",
@@ -117,10 +118,17 @@ class OnlineRendererTransformer(AnchoredTransformer):
                               f"engine_input = {RUNTIME}.splice_prefix(request, renderer, messages, chat_params, engine_input)")
 
     @m.leave(m.FunctionDef(name=m.Name("_reused_prompt_token_ids"),
-                           params=m.Parameters(params=[m.Param(name=m.Name("request")),
-                                                       m.Param(name=m.Name("renderer")), m.ZeroOrMore()])))
+                           params=m.Parameters(params=[m.Param(name=m.Name("request")), m.ZeroOrMore()])))
     def input_ids_first(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         self.hit("_reused_prompt_token_ids")
+        if not has_params(updated_node, "renderer"):
+            # vLLM 0.30/0.31: `_reused_prompt_token_ids(request)`; the renderer (for the vocabulary
+            # check) comes from its callers, OnlineRenderer's methods (pass_the_renderer)
+            params = updated_node.params
+            updated_node = updated_node.with_changes(params=params.with_changes(params=[
+                *params.params, cst.Param(cst.Name("renderer"), default=cst.Name("None"),
+                                          equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                                whitespace_after=cst.SimpleWhitespace("")))]))
         body = list(updated_node.body.body)
         position = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
         new = [
@@ -128,6 +136,16 @@ class OnlineRendererTransformer(AnchoredTransformer):
             self.marked_statement("if toolkit_ids is not None:\n    return toolkit_ids\n"),
         ]
         return with_body(updated_node, [*body[:position], *new, *body[position:]])
+
+    @m.leave(m.Call(func=m.Name("_reused_prompt_token_ids"), args=[m.Arg(value=m.Name("request"), keyword=None)]))
+    @m.call_if_inside(m.ClassDef(name=m.Name("OnlineRenderer")))
+    def pass_the_renderer(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        """vLLM 0.30/0.31's callers pass only the request: add ``renderer=self.renderer``."""
+        return updated_node.with_changes(args=[
+            updated_node.args[0].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+            cst.Arg(cst.parse_expression("self.renderer"), keyword=cst.Name("renderer"),
+                    equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                          whitespace_after=cst.SimpleWhitespace("")))])
 
 
 # --------------------------------------------------------------------------------------------------
