@@ -37,7 +37,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from .api import make_params, resolve_impl, superlinear_attention, superlinear_decode, superlinear_search
+from .api import (
+    make_params,
+    resolve_impl,
+    superlinear_attention,
+    superlinear_decode,
+    superlinear_search,
+)
 from .attention_spans import SpanGeometry, span_geometry
 
 # Digits of a probe value: small integers are exact in fp32, bf16 and fp16 alike.
@@ -127,17 +133,9 @@ class PagedKV:
     def num_requests(self) -> int:
         return int(self.seq_lens.shape[0])
 
-    @property
-    def kv_heads(self) -> int:
-        return int(self.key_cache.shape[1])
-
-    @property
-    def block_size(self) -> int:
-        return int(self.key_cache.shape[2])
-
-    @property
-    def head_dim(self) -> int:
-        return int(self.key_cache.shape[3])
+    kv_heads = property(lambda self: int(self.key_cache.shape[1]), doc="H_KV")
+    block_size = property(lambda self: int(self.key_cache.shape[2]), doc="tokens per block (1: a token pool)")
+    head_dim = property(lambda self: int(self.key_cache.shape[3]), doc="D")
 
     @property
     def capacity(self) -> int:
@@ -404,6 +402,14 @@ def _check_query(query: torch.Tensor, search_query: torch.Tensor | None, kv: Pag
         raise ValueError(f"dtype {query.dtype} not supported (fp32, bf16, fp16)")
 
 
+def _call_setup(query, search_query, out, impl, **params):
+    """(validated params, search query, output tensor, implementation) of an entry point."""
+    q1 = query if search_query is None else search_query
+    if out is None:
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    return make_params(**params), q1, out, resolve_impl(impl, query.device)
+
+
 def superlinear_attention_paged(
     query: torch.Tensor, kv: PagedKV, query_start: torch.Tensor | Sequence[int],
     search_query: torch.Tensor | None = None, *,
@@ -424,13 +430,10 @@ def superlinear_attention_paged(
     one tile; use :func:`superlinear_decode_paged` for decode rows.
     """
     _check_query(query, search_query, kv)
-    params = make_params(sw_index=sw_index, topk=topk, backward_factor=backward_factor,
-                         forward_factor=forward_factor, span_power=span_power, search_power=search_power,
-                         inv_search_power_int=inv_search_power_int)
-    q1 = query if search_query is None else search_query
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    which = resolve_impl(impl, query.device)
+    params, q1, out, which = _call_setup(query, search_query, out, impl, sw_index=sw_index, topk=topk,
+                                         backward_factor=backward_factor, forward_factor=forward_factor,
+                                         span_power=span_power, search_power=search_power,
+                                         inv_search_power_int=inv_search_power_int)
     if which == "triton":
         from .triton.paged_prefill import triton_superlinear_attention_paged
 
@@ -462,13 +465,10 @@ def superlinear_decode_paged(
     _check_query(query, search_query, kv)
     if query.shape[0] != kv.num_requests:
         raise ValueError(f"decode takes one query per request: {query.shape[0]} rows for {kv.num_requests} requests")
-    params = make_params(sw_index=sw_index, topk=topk, backward_factor=backward_factor,
-                         forward_factor=forward_factor, span_power=span_power, search_power=search_power,
-                         inv_search_power_int=inv_search_power_int)
-    q1 = query if search_query is None else search_query
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    which = resolve_impl(impl, query.device)
+    params, q1, out, which = _call_setup(query, search_query, out, impl, sw_index=sw_index, topk=topk,
+                                         backward_factor=backward_factor, forward_factor=forward_factor,
+                                         span_power=span_power, search_power=search_power,
+                                         inv_search_power_int=inv_search_power_int)
     if which == "triton":
         from .triton.paged_decode import triton_superlinear_decode_paged
 

@@ -80,6 +80,49 @@ def store_pair_partials(LSE, OUT, ids, ok, d, d_ok, DIM, m_i, l_i, acc):
 
 
 @triton.jit
+def empty_softmax(ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """(running max, running sum, accumulator) of ``ROWS`` online softmaxes that have seen no key."""
+    return tl.full([ROWS], float("-inf"), tl.float32), tl.zeros([ROWS], tl.float32), tl.zeros([ROWS, BLOCK_D], tl.float32)
+
+
+@triton.jit
+def row_block(pid_q, n_rows, DIM, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows ``pid_q * BLOCK_Q ..`` of a program over ``n_rows`` rows of ``DIM``-vectors: (row index,
+    row valid, dim index, dim valid)."""
+    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    d = tl.arange(0, BLOCK_D)
+    return rows, rows < n_rows, d, d < DIM
+
+
+@triton.jit
+def load_key_block(k_ptr, v_ptr, mask_row, kpos, k_ok, d, d_ok, stride_kl, stride_kd, stride_vl, stride_vd,
+                   HAS_MASK: tl.constexpr):
+    """Keys and values at positions ``kpos`` of one (batch row, KV head) of a contiguous cache, and
+    which of them are real (``k_ok`` and, with a key mask, its row at ``mask_row``): (k_ok, K, V)."""
+    if HAS_MASK:
+        k_ok = k_ok & (tl.load(mask_row + kpos, mask=k_ok, other=0) != 0)
+    kd_ok = k_ok[:, None] & d_ok[None, :]
+    kt = tl.load(k_ptr + kpos[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd, mask=kd_ok, other=0.0)
+    vt = tl.load(v_ptr + kpos[:, None].to(tl.int64) * stride_vl + d[None, :] * stride_vd, mask=kd_ok, other=0.0)
+    return k_ok, kt, vt
+
+
+@triton.jit
+def tile_pairs(PAIR_IDS, TILE_GROUP, TILE_FIRST, TILE_NBLK, SPAN_LO, SPAN_HI, t, HKV, TILE: tl.constexpr):
+    """Tile ``t`` of ``tiling.build_span_tiles``: (blocks in its footprint, first block, row group,
+    KV head, pair ids (0 in empty slots), which slots hold a pair, span starts, span ends)."""
+    nblk = tl.load(TILE_NBLK + t)
+    grp = tl.load(TILE_GROUP + t)
+    first = tl.load(TILE_FIRST + t)
+    ids = tl.load(PAIR_IDS + t.to(tl.int64) * TILE + tl.arange(0, TILE))
+    ok = ids >= 0
+    ids = tl.where(ok, ids, 0)
+    lo = tl.load(SPAN_LO + ids, mask=ok, other=1)
+    hi = tl.load(SPAN_HI + ids, mask=ok, other=0)
+    return nblk, first, grp // HKV, grp % HKV, ids, ok, lo, hi
+
+
+@triton.jit
 def group_rows(pid_q, kvh, n_rows, G, DIM, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows of a search program: row ``g * BLOCK_Q + i`` is query head ``kvh * G + g`` of query ``i``
     of the block (``GP`` = G rounded up to a power of two; extra rows masked).

@@ -21,7 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ..attention_spans import SuperlinearParams, key_start, normalize_key_mask, normalize_positions, span_geometry
+from ..attention_spans import (
+    SuperlinearParams,
+    key_start,
+    normalize_key_mask,
+    normalize_positions,
+    span_geometry,
+)
 from .common import (
     block_dim,
     decode_part_range,

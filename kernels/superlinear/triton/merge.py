@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import block_dim, gate_rows, interpreting
+from .common import block_dim, gate_rows, interpreting, row_block
 
 
 @triton.jit
@@ -23,11 +23,8 @@ def _merge_kernel(
     TOPK: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
-    pid_q = tl.program_id(1)
-    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    row_ok = rows < LQ
-    d = tl.arange(0, BLOCK_D)
-    io_mask = row_ok[:, None] & (d[None, :] < DIM)
+    rows, row_ok, d, d_ok = row_block(tl.program_id(1), LQ, DIM, BLOCK_Q, BLOCK_D)
+    io_mask = row_ok[:, None] & d_ok[None, :]
     idx = pid_bh.to(tl.int64) * LQ + rows
     win_lse = tl.load(WIN_LSE + idx, mask=row_ok, other=float("-inf"))
     win_out = tl.load(WIN_OUT + idx[:, None] * DIM + d[None, :], mask=io_mask, other=0.0)

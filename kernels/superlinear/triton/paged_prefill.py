@@ -32,14 +32,17 @@ from ..tiling import build_span_tiles
 from .common import (
     block_dim,
     dot_precision,
+    empty_softmax,
     empty_topk,
     gate_rows,
     group_rows,
     insert_group_candidates,
     interpreting,
     masked_tile_step,
+    row_block,
     store_pair_partials,
     store_topk,
+    tile_pairs,
 )
 from .paged_common import cache_args, paged_offsets
 from .prefill import _canonical_order
@@ -95,23 +98,13 @@ def _paged_span_tile_kernel(
     BLOCK_SIZE: tl.constexpr, K_HAS_PERM: tl.constexpr, V_HAS_PERM: tl.constexpr,
     TILE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    nblk = tl.load(TILE_NBLK + t)
-    grp = tl.load(TILE_GROUP + t)
-    first = tl.load(TILE_FIRST + t)
-    req = grp // HKV
-    kvh = grp % HKV
+    nblk, first, req, kvh, ids, ok, lo, hi = tile_pairs(PAIR_IDS, TILE_GROUP, TILE_FIRST, TILE_NBLK, SPAN_LO,
+                                                        SPAN_HI, tl.program_id(0), HKV, TILE)
     table_base = tl.load(REQ_ROW + req).to(tl.int64) * stride_bt
     seq_len = tl.load(SEQ_LEN + req)
-    slot = tl.arange(0, TILE)
-    ids = tl.load(PAIR_IDS + t.to(tl.int64) * TILE + slot)
-    ok = ids >= 0
-    ids = tl.where(ok, ids, 0)
     row = ids // KP  # pair id = (h * T + token) * KP + range
     token = row % T
     h = row // T
-    lo = tl.load(SPAN_LO + ids, mask=ok, other=1)
-    hi = tl.load(SPAN_HI + ids, mask=ok, other=0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < DIM
     q = tl.load(Q + token[:, None].to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
@@ -119,9 +112,7 @@ def _paged_span_tile_kernel(
     k_head = K + kvh.to(tl.int64) * stride_k_head
     v_head = V + kvh.to(tl.int64) * stride_v_head
 
-    m_i = tl.full([TILE], float("-inf"), tl.float32)
-    l_i = tl.zeros([TILE], tl.float32)
-    acc = tl.zeros([TILE, BLOCK_D], tl.float32)
+    m_i, l_i, acc = empty_softmax(TILE, BLOCK_D)
     for blk in range(0, nblk):
         kpos = (first + blk) * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = kpos < seq_len
@@ -146,11 +137,8 @@ def _paged_merge_kernel(
     # Partials per query: slots 0..TOPK-1 are its spans, slot TOPK its window (merge.py's layout
     # with the window folded in).
     h = tl.program_id(0)
-    pid_q = tl.program_id(1)
-    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    row_ok = rows < T
-    d = tl.arange(0, BLOCK_D)
-    io_mask = row_ok[:, None] & (d[None, :] < DIM)
+    rows, row_ok, d, d_ok = row_block(tl.program_id(1), T, DIM, BLOCK_Q, BLOCK_D)
+    io_mask = row_ok[:, None] & d_ok[None, :]
     idx = h.to(tl.int64) * T + rows
     win = idx * (TOPK + 1) + TOPK
     win_lse = tl.load(LSE + win, mask=row_ok, other=float("-inf"))

@@ -26,6 +26,7 @@ from .common import (
     store_topk,
 )
 
+
 @triton.jit
 def _search_kernel(
     Q, K, POS, KEY_MASK, STRIPE, COUNT, ANCHOR, SCORE,

@@ -15,7 +15,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import block_dim, dot_precision, interpreting, key_mask_arg, masked_tile_step, store_pair_partials
+from .common import (
+    block_dim,
+    dot_precision,
+    empty_softmax,
+    interpreting,
+    key_mask_arg,
+    load_key_block,
+    masked_tile_step,
+    store_pair_partials,
+    tile_pairs,
+)
 
 
 @triton.jit
@@ -29,21 +39,11 @@ def _span_tile_kernel(
     HAS_MASK: tl.constexpr, TILE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    nblk = tl.load(TILE_NBLK + t)
-    grp = tl.load(TILE_GROUP + t)
-    first = tl.load(TILE_FIRST + t)
-    b = grp // HKV
-    kvh = grp % HKV
-    slot = tl.arange(0, TILE)
-    ids = tl.load(PAIR_IDS + t.to(tl.int64) * TILE + slot)
-    ok = ids >= 0
-    ids = tl.where(ok, ids, 0)
+    nblk, first, b, kvh, ids, ok, lo, hi = tile_pairs(PAIR_IDS, TILE_GROUP, TILE_FIRST, TILE_NBLK, SPAN_LO, SPAN_HI,
+                                                      tl.program_id(0), HKV, TILE)
     row = ids // TOPK  # pair id = ((b * H + h) * LQ + query) * TOPK + span
     query = row % LQ
     h = (row // LQ) % H
-    lo = tl.load(SPAN_LO + ids, mask=ok, other=1)
-    hi = tl.load(SPAN_HI + ids, mask=ok, other=0)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < DIM
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h[:, None].to(tl.int64) * stride_qh
@@ -52,18 +52,12 @@ def _span_tile_kernel(
     k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
     v_ptr = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
 
-    m_i = tl.full([TILE], float("-inf"), tl.float32)
-    l_i = tl.zeros([TILE], tl.float32)
-    acc = tl.zeros([TILE, BLOCK_D], tl.float32)
+    m_i, l_i, acc = empty_softmax(TILE, BLOCK_D)
     for blk in range(0, nblk):
         kpos = (first + blk) * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = kpos < LKV
-        if HAS_MASK:
-            k_ok = k_ok & (tl.load(KEY_MASK + b * stride_mb + kpos, mask=k_ok, other=0) != 0)
-        kt = tl.load(k_ptr + kpos[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd,
-                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        vt = tl.load(v_ptr + kpos[:, None].to(tl.int64) * stride_vl + d[None, :] * stride_vd,
-                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        k_ok, kt, vt = load_key_block(k_ptr, v_ptr, KEY_MASK + b * stride_mb, kpos, k_ok, d, d_ok,
+                                      stride_kl, stride_kd, stride_vl, stride_vd, HAS_MASK)
         m_i, l_i, acc = masked_tile_step(m_i, l_i, acc, q, kt, vt, kpos, k_ok, lo, hi, scale, DOT_PRECISION)
     store_pair_partials(LSE, OUT, ids, ok, d, d_ok, DIM, m_i, l_i, acc)
 

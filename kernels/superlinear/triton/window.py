@@ -13,7 +13,17 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import block_dim, dot_precision, finish_softmax, interpreting, key_mask_arg, online_softmax_step
+from .common import (
+    block_dim,
+    dot_precision,
+    empty_softmax,
+    finish_softmax,
+    interpreting,
+    key_mask_arg,
+    load_key_block,
+    online_softmax_step,
+    row_block,
+)
 
 
 @triton.jit
@@ -32,20 +42,15 @@ def _window_kernel(
     b = pid_bh // H
     h = pid_bh % H
     kvh = h // G
-    rows = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    row_ok = rows < LQ
+    rows, row_ok, d, d_ok = row_block(pid_q, LQ, DIM, BLOCK_Q, BLOCK_D)
     pos = tl.load(POS + b * stride_pb + rows, mask=row_ok, other=0)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < DIM
     q = tl.load(Q + b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
                 + rows[:, None].to(tl.int64) * stride_ql + d[None, :] * stride_qd,
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     k_ptr = K + b.to(tl.int64) * stride_kb + kvh.to(tl.int64) * stride_kh
     v_ptr = V + b.to(tl.int64) * stride_vb + kvh.to(tl.int64) * stride_vh
 
-    m_i = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_Q], tl.float32)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    m_i, l_i, acc = empty_softmax(BLOCK_Q, BLOCK_D)
     lowest = tl.maximum(tl.min(tl.where(row_ok, pos, 2147483647), 0) - WINDOW + 1, 0)
     highest = tl.max(tl.where(row_ok, pos, -1), 0)
     if WINDOW == 0:
@@ -53,12 +58,8 @@ def _window_kernel(
     for start in range(lowest // BLOCK_K * BLOCK_K, highest + 1, BLOCK_K):
         kpos = start + tl.arange(0, BLOCK_K)
         k_ok = kpos <= highest
-        if HAS_MASK:
-            k_ok = k_ok & (tl.load(KEY_MASK + b * stride_mb + kpos, mask=k_ok, other=0) != 0)
-        kt = tl.load(k_ptr + kpos[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd,
-                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
-        vt = tl.load(v_ptr + kpos[:, None].to(tl.int64) * stride_vl + d[None, :] * stride_vd,
-                     mask=k_ok[:, None] & d_ok[None, :], other=0.0)
+        k_ok, kt, vt = load_key_block(k_ptr, v_ptr, KEY_MASK + b * stride_mb, kpos, k_ok, d, d_ok,
+                                      stride_kl, stride_kd, stride_vl, stride_vd, HAS_MASK)
         s = tl.dot(q, tl.trans(kt), input_precision=DOT_PRECISION) * scale
         allowed = (k_ok[None, :] & (kpos[None, :] <= pos[:, None])
                    & (kpos[None, :] > pos[:, None] - WINDOW) & row_ok[:, None])
