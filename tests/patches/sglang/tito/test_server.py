@@ -202,6 +202,56 @@ def test_logprob_start_len_returns_prompt_logprobs_from_that_position(served):
 
 
 # --------------------------------------------------------------------------------------------------
+# prefix splice and the tokens route
+
+
+def test_splice_turn_two_starts_with_turn_one_ids_then_the_template_rest(served):
+    """Turn one by messages; turn two sends the whole conversation plus turn one's ids. The tiny
+    model's template (ChatML) puts its end of turn, the new user turn and the generation prompt
+    after the reply."""
+    first = chat(served, messages=MESSAGES, max_tokens=8, return_token_ids=True)
+    prefix = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    user = {"role": "user", "content": "And the next three?"}
+    reply = {"role": "assistant", "content": first["choices"][0]["message"]["content"]}
+    rest = served.tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd the next three?<|im_end|>\n"
+                                   "<|im_start|>assistant\n", add_special_tokens=False)
+    second = chat(served, messages=[*MESSAGES, reply, user], prefix_token_ids=prefix)
+    assert second["prompt_token_ids"] == prefix + rest
+    prompt, per_choice = streamed_ids(stream(served, messages=[*MESSAGES, reply, user], prefix_token_ids=prefix))
+    assert prompt == prefix + rest and per_choice[0] == second["choices"][0]["token_ids"]
+    exact = chat(served, messages=[], input_ids=prefix + rest)  # the engine generated from that prompt
+    assert exact["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]
+
+
+def test_splice_prefix_from_another_conversation_is_a_400_saying_where(served):
+    first = chat(served, messages=MESSAGES, max_tokens=4, return_token_ids=True)
+    prefix = first["prompt_token_ids"] + first["choices"][0]["token_ids"]
+    other = [{"role": "user", "content": "Name three colours."},
+             {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "More?"}]
+    response = post(served, messages=other, prefix_token_ids=prefix)
+    assert response.status_code == 400, response.text
+    assert "messages[0] (user) 'Name three colours.' is not in the prefix's text" in response.json()["message"]
+
+
+def test_tokens_route_takes_verifiers_body(served):
+    """prime-rl / verifiers' token client: POST /v1/chat/completions/tokens with messages, tools,
+    ``tokens`` (the whole prompt), logprobs and return_token_ids."""
+    import httpx
+
+    ids = list(served.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True))
+    body = {"model": served.model, "messages": [{"role": "user", "content": "not the prompt"}], "tools": TOOLS,
+            "tokens": ids, "logprobs": True, "return_token_ids": True, "max_completion_tokens": 5, "temperature": 0}
+    response = httpx.post(f"{served.url}/chat/completions/tokens", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    payload = response.json()
+    assert payload["prompt_token_ids"] == ids
+    choice = payload["choices"][0]
+    assert [entry["token_id"] for entry in choice["logprobs"]["content"]] == choice["token_ids"]
+    assert choice["token_ids"] == chat(served, messages=[], input_ids=ids, max_tokens=5)["choices"][0]["token_ids"]
+
+
+# --------------------------------------------------------------------------------------------------
 # bad input
 
 
