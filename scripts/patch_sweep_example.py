@@ -11,8 +11,11 @@ difference of " the" and " a", auto-capturing the clean prompt in the same call.
 ``OUT/patch-sweeps-heatmap.png`` and prints the terminal rendering and the result.
 
 Then the examples of the other sections of the doc, on the same server: a sweep with span cells, a
-causal-tracing sweep with noise on the subject's embeddings, activations as numpy arrays, and a
-completion with and without a steering vector.
+causal-tracing sweep with noise on the subject's embeddings, a long-prompt sweep with prefix reuse on and
+off, activations as numpy arrays, and a completion with and without a steering vector.
+
+``--tensor-parallel-size 2`` runs all of it on a TP=2 server (one CPU per rank through
+``VLLM_CPU_OMP_THREADS_BIND``); the printed numbers are the TP=1 ones (docs/patch-sweeps.md).
 """
 
 from __future__ import annotations
@@ -33,13 +36,21 @@ CLEAN, CORRUPT = "The cat sat on the mat.", "The dog sat on the mat."
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     args = parser.parse_args()
+    env, server_args = {}, []
+    if args.tensor_parallel_size > 1:
+        import os
+
+        cpus = sorted(os.sched_getaffinity(0))[: args.tensor_parallel_size]
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(map(str, cpus))
+        server_args = ["--tensor-parallel-size", str(args.tensor_parallel_size)]
 
     from toolkit.patches.vllm.patch_sweep.client import PatchStudy
 
     model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached"], check=True,
                            capture_output=True, text=True).stdout.strip()
-    with support.sweep_server(model) as server:
+    with support.sweep_server(model, env=env, server_args=server_args) as server:
         study = PatchStudy(server.base_url)
         result = study.sweep_layers_positions(CORRUPT, clean_prompt=CLEAN, layers="all", positions="all_prompt",
                                               hook="post_attn", answer_token=" the", foil_token=" a",
@@ -79,6 +90,16 @@ def other_examples(study, base_url: str, model: str) -> None:
         "prompt": CLEAN, "noise": {"positions": [{"span": "cat"}], "seed": 0}, "layers": "all",
         "positions": "all_prompt", "answer_token": " the", "foil_token": " a", "metric": "recovered"})
     print("noise:", {k: traced[k] for k in ("noise", "baselines", "grid")})
+    sentence = "the quick brown fox jumps over the lazy dog while a small {} sleeps near the warm fire and children read"
+    long_clean, long_corrupt = (" ".join([sentence.format(word)] * 2) for word in ("cat", "dog"))
+    body = {"prompt": long_corrupt, "clean_prompt": long_clean, "layers": "all", "positions": "all_prompt",
+            "hook": "post_block", "answer_token": " the", "foil_token": " a", "metric": "logit_diff"}
+    reused = _post(base_url, "/v1/patch_sweep", body)
+    full = _post(base_url, "/v1/patch_sweep", {**body, "prefix_reuse": False})
+    diff = max(abs(a - b) for ra, rb in zip(reused["grid"], full["grid"]) for a, b in zip(ra, rb))
+    print(f"prefix reuse: {len(reused['prompt_token_ids'])}-token prompt; on {reused['prefix_reuse']}; "
+          f"off {full['prefix_reuse']}; max |grid on - grid off| {diff:.2g}; grid[0][:4] "
+          f"{[round(v, 4) for v in reused['grid'][0][:4]]}")
     acts = study.activations(CLEAN, layers=[1], hooks=["post_block", "mlp_out"], positions=[Span("mat")])
     for key, array in acts.arrays.items():
         print("activations:", key, array.shape, array.dtype, np.round(array[0, :4], 4).tolist())

@@ -78,16 +78,19 @@ class Engine:
         self._installed = False
         self._lock = asyncio.Lock()
 
-    async def rpc(self, op: str, *args: Any) -> Any:
+    async def rpc(self, op: str, *args: Any, every_rank: bool = False) -> Any:
+        """Call worker function ``op`` on every worker (each tensor-parallel rank runs the same hooks on
+        the same, replicated residual stream); rank 0's answer, or every rank's with ``every_rank``."""
         results = await self.client.collective_rpc(WORKER_PREFIX + op, args=args)
-        return results[0] if isinstance(results, list) else results
+        results = results if isinstance(results, list) else [results]
+        return results if every_rank else results[0]
 
     async def ensure_installed(self) -> None:
         async with self._lock:
             if not self._installed:
-                info = await self.rpc("install", self.secret, int(os.environ.get(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)))
-                self.num_layers = int(info["num_layers"])
-                self.embedding_std = float(info["embedding_std"])
+                ranks = await self.rpc("install", self.secret, int(os.environ.get(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)),
+                                       every_rank=True)
+                self.num_layers, self.embedding_std = merge_install(ranks)
                 self._installed = True
 
     async def tokenizer(self) -> Any:
@@ -155,6 +158,18 @@ class Engine:
         if "error" in info:
             raise BadRequest(info["error"])
         return info
+
+
+def merge_install(ranks: list[dict[str, Any]]) -> tuple[int, float]:
+    """The model's layer count and the standard deviation of its token embeddings (unbiased, as
+    ``torch.std``) from every worker's install answer: with tensor parallelism each rank holds a slice of
+    the embedding rows, so the moments are added up; every rank must see the same decoder stack."""
+    layers = {int(rank["num_layers"]) for rank in ranks}
+    if len(layers) != 1:
+        raise BadRequest(f"the workers disagree on the number of decoder layers: {sorted(layers)}", status=500)
+    count, total, squares = (sum(float(rank["embedding_moments"][i]) for rank in ranks) for i in range(3))
+    variance = (squares - total * total / count) / (count - 1) if count > 1 else 0.0
+    return layers.pop(), math.sqrt(max(variance, 0.0))
 
 
 # --------------------------------------------------------------------------------------------------

