@@ -23,6 +23,10 @@ from .common import (
     row_keys,
 )
 
+# Queries per top-k block at most: blocks this small follow the stripe count closely (one more
+# stripe every ~2 sqrt(q) positions) at a few torch ops each.
+QUERY_BLOCK = 4096
+
 
 def _top_values(x: torch.Tensor, count: int, last_value_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Largest ``count`` values of the last axis, best first (any order among equal values), and
@@ -108,16 +112,21 @@ def search_rows(q1_rows: torch.Tensor, keys: KeyRow, positions: torch.Tensor, ge
     device = q1_rows.device
     anchors = torch.full((count, kv_heads, group, topk), -1, dtype=torch.int64, device=device)
     scores = torch.full((count, kv_heads, group, topk), NEG_INF, device=device)
-    stripes = int(geometry.stripe_count[int(positions.max())]) if count else 0
-    if stripes > 0:
-        offsets = 1 - geometry.stripe_distance[:stripes].to(device)
+    most = int(geometry.stripe_count[int(positions.max())]) if count else 0
+    if most > 0:
         # Query-major layouts: every block of queries is one contiguous slice of each buffer.
         q_by_query = ws.get("search_q", (count, kv_heads, group, dim))
         q_by_query.copy_(q1_rows.permute(2, 0, 1, 3))
         head_offset = (torch.arange(kv_heads, device=device) * keys.key_len)[None, :, None]
-        gather_step = max(1, TEMP_ELEMENTS // max(1, kv_heads * stripes * dim))
-        select_step = max(gather_step, SELECT_ELEMENTS // max(1, kv_heads * group * stripes))
-        for lo, hi in chunks(count, select_step):
+        gather_step = max(1, TEMP_ELEMENTS // max(1, kv_heads * most * dim))
+        select_step = max(gather_step, SELECT_ELEMENTS // max(1, kv_heads * group * most))
+        for lo, hi in chunks(count, min(select_step, QUERY_BLOCK)):
+            # Each block of queries scores only as many stripes as its last query has (early
+            # queries of a long prefill have far fewer than the chunk's last one).
+            stripes = int(geometry.stripe_count[int(positions[lo:hi].max())])
+            if stripes == 0:
+                continue
+            offsets = 1 - geometry.stripe_distance[:stripes].to(device)
             cand, valid = offset_positions(positions[lo:hi], offsets, keys.mask)  # [c, n]
             all_valid = keys.mask is None and bool(valid.all())
             rows = cand[:, None, :] + head_offset  # [c, H_KV, n]
