@@ -87,18 +87,26 @@ def _starts_in_reasoning(parser: Any, markers: Markers, prompt_token_ids: Any) -
 
 def make_stream(request: Any, parser: Any, tokenizer: Any, prompt_token_ids: Any) -> tuple[ResponsesStream, bool]:
     """The state machine for one request, and whether it reads raw text (else the parser's deltas)."""
-    from vllm.entrypoints.openai.responses.utils import (
-        build_responses_tool_call_name_map,
-        custom_tool_names,
-        resolve_responses_tool_call_name,
-    )
-
     tools = getattr(request, "tools", None) or []
-    name_map = build_responses_tool_call_name_map(tools)
+    try:
+        from vllm.entrypoints.openai.responses.utils import (
+            build_responses_tool_call_name_map,
+            custom_tool_names,
+            resolve_responses_tool_call_name,
+        )
+    except ImportError:  # vLLM 0.30/0.31: no tool namespaces and no custom tools; a name is itself
+        def resolve_name(name: str) -> tuple[str, str | None]:
+            return name, None
 
-    def resolve_name(name: str) -> tuple[str, str | None]:
-        resolved = resolve_responses_tool_call_name(name, tool_call_name_map=name_map)
-        return resolved.name, getattr(resolved, "namespace", None)
+        custom_names: frozenset[str] = frozenset()
+    else:
+        name_map = build_responses_tool_call_name_map(tools)
+
+        def resolve_name(name: str) -> tuple[str, str | None]:
+            resolved = resolve_responses_tool_call_name(name, tool_call_name_map=name_map)
+            return resolved.name, getattr(resolved, "namespace", None)
+
+        custom_names = custom_tool_names(tools)
 
     reasoning_parser = getattr(parser, "reasoning_parser", None) if parser is not None else None
     tool_parser = getattr(parser, "tool_parser", None) if parser is not None else None
@@ -126,7 +134,7 @@ def make_stream(request: Any, parser: Any, tokenizer: Any, prompt_token_ids: Any
         include_reasoning=getattr(request, "include_reasoning", True),
         trim=parser is not None,
         resolve_name=resolve_name,
-        custom_tool_names=custom_tool_names(tools),
+        custom_tool_names=custom_names,
         decode_tool=decode_tool,
         parallel_tool_calls=getattr(request, "parallel_tool_calls", True) is not False,
     )
@@ -197,6 +205,11 @@ async def simple_stream_events(
 def final_output_items(serving: Any, request: Any, final_res: Any, final_output: Any, tokenizer: Any,
                        context: Any) -> list[Any]:
     """The non-streaming output items: the whole output through the same state machine."""
+    streamed = getattr(context, "streamed_output_items", None)
+    if streamed is not None:
+        # A stream's final response: its items are the streamed ones (ids included). vLLM 0.32+ take
+        # them itself before this call; 0.30/0.31 always re-parse, which would mint new item ids.
+        return list(streamed)
     parser = context.response_parser
     stream, raw_text = make_stream(request, parser, tokenizer, getattr(final_res, "prompt_token_ids", None))
     logprobs = _logprobs(serving, request, final_output, tokenizer, parser)
