@@ -452,17 +452,24 @@ def stream_logprob_ids(method: Callable) -> Callable:
     0.5.9 gives every entry of a chunk the top logprobs of the chunk's first token (it assumes one
     token per chunk; outputs that queue up carry several). Each entry's ``top_logprobs`` are rebuilt
     from its own row, as the non-streaming path builds them, so that their ids are right.
+
+    From 0.5.11 an incremental stream's meta_info holds only the new triples (the release does not
+    slice them by ``n_prev_token``): the entries then stand for the last ones, whatever the offset.
     """
 
     @functools.wraps(method)
     def process(self: Any, content: dict, n_prev_token: int, *args: Any, **kwargs: Any) -> Any:
         logprobs = method(self, content, n_prev_token, *args, **kwargs)
         meta_info = content["meta_info"]
-        rows = (meta_info.get("output_top_logprobs") or [])[n_prev_token:]
+        tokens = meta_info["output_token_logprobs"]
+        start = n_prev_token
+        if len(tokens) - n_prev_token != len(logprobs.content):
+            start = max(len(tokens) - len(logprobs.content), 0)
+        rows = (meta_info.get("output_top_logprobs") or [])[start:]
         for position, entry in enumerate(logprobs.content):
             if position and position < len(rows) and rows[position] is not None and entry.top_logprobs:
                 entry.top_logprobs = _tops_from_row(type(entry.top_logprobs[0]), rows[position])
-        set_logprob_token_ids(logprobs.content, meta_info["output_token_logprobs"][n_prev_token:], rows)
+        set_logprob_token_ids(logprobs.content, tokens[start:], rows)
         return logprobs
 
     return process
