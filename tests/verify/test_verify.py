@@ -100,7 +100,7 @@ def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_mod
     assert report.verdict == "nothing verified" and not report.ok
     assert all(r.status == "skip" for r in report.results)
     assert all("token-ids is not applied" in r.detail for r in report.results
-               if r.name not in ("input-ids", "responses-stream", "patch-sweep"))
+               if r.name not in ("input-ids", "multi-turn", "responses-stream", "patch-sweep"))
     assert all("not available on sglang" in r.detail for r in report.results
                if r.name in ("responses-stream", "patch-sweep"))
     assert_cleaned_up(report)
