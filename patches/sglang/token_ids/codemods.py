@@ -4,8 +4,8 @@ protocol.py: ``return_token_ids`` on the chat request (0.5.23 has it already), `
 on the response and ``token_ids`` on its choices, left out of the JSON when None.
 
 serving_chat.py: the chat stream generator is wrapped and its engine outputs tapped (streaming);
-the built non-streaming response gets its ids; 0.5.23's rejection of ``return_token_ids`` on stream
-requests goes.
+the built non-streaming response gets its ids; the rejection of ``return_token_ids`` on stream
+requests (0.5.17 on, where the release has its own flag) goes.
 """
 
 from __future__ import annotations
@@ -102,6 +102,15 @@ class ServingChatTransformer(AnchoredTransformer):
         if self.rejects_stream_token_ids:
             self.anchors[self.STREAM_CHECK[0]] = self.STREAM_CHECK[1]
         self._adapted_request: str | None = None
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        # Every release that reads its own request.return_token_ids (0.5.17 on, by structure rather than
+        # by number) also rejects it on stream requests: that check must be found and goes.
+        if not self.rejects_stream_token_ids and m.findall(
+                node, m.Attribute(value=m.Name("request"), attr=m.Name("return_token_ids"))):
+            self.rejects_stream_token_ids = True
+            self.anchors[self.STREAM_CHECK[0]] = self.STREAM_CHECK[1]
+        return True
 
     # streaming: the generator is wrapped, the engine outputs tapped
 
