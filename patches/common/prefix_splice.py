@@ -59,6 +59,7 @@ class Template:
 class Splice:
     prompt: list[int]
     how: str  # "unchanged", "text", "template"
+    text: str  # the prompt's text (what the engine logs and reports as the prompt)
 
 
 def _get(message: Any, key: str) -> Any:
@@ -131,10 +132,10 @@ def splice(prefix: Sequence[int], rendered: Sequence[int], rendered_text: str, m
     """The prompt: ``prefix`` exactly, then what the template puts after it (module docstring)."""
     prefix = list(prefix)
     if list(rendered[: len(prefix)]) == prefix:
-        return Splice(list(rendered), "unchanged")
+        return Splice(list(rendered), "unchanged", rendered_text)
     prefix_text = template.decode(prefix)
     if rendered_text.startswith(prefix_text):
-        return Splice(prefix + template.encode(rendered_text[len(prefix_text):]), "text")
+        return Splice(prefix + template.encode(rendered_text[len(prefix_text):]), "text", rendered_text)
 
     at = parting_point(prefix, rendered)
     where = (f"they part at token {at} (prefix {prefix[at:at + 3]}..., templated {list(rendered[at:at + 3])}...; "
@@ -162,7 +163,25 @@ def splice(prefix: Sequence[int], rendered: Sequence[int], rendered_text: str, m
         if rest[:size] == close[:size] and prefix[-size:] == rest[:size]:
             overlap = size
             break
-    return Splice(prefix + rest[overlap:], "template")
+    return Splice(prefix + rest[overlap:], "template", prefix_text + template.decode(rest[overlap:]))
+
+
+def tokenizer_codec(tokenizer: Any) -> tuple[Callable[[str], list[int]], Callable[[Sequence[int]], str]]:
+    """``(encode, decode)`` of a Hugging Face tokenizer as the splice needs them: no special tokens
+    added, special tokens kept in text, no clean-up of spaces. A fast tokenizer's Rust backend is
+    called directly (the same ids and text, without the Python wrapper's cost per call)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return (lambda text: backend.encode(text, add_special_tokens=False).ids,
+                lambda ids: backend.decode(list(ids), skip_special_tokens=False))
+
+    def decode(ids: Sequence[int]) -> str:
+        try:
+            return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        except TypeError:  # a tokenizer without the Hugging Face keywords
+            return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    return (lambda text: list(tokenizer.encode(text, add_special_tokens=False)), decode)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -222,10 +222,8 @@ class _TemplateCalls:
                 kwargs.update(add_generation_prompt=add_generation_prompt, continue_final_message=False)
             return original(messages, tokenize=False, return_dict=False, **kwargs)
 
-        return prefix_splice.Template(
-            render=render, encode=lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
-            decode=lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False,
-                                                clean_up_tokenization_spaces=False))
+        encode, decode = prefix_splice.tokenizer_codec(tokenizer)
+        return prefix_splice.Template(render=render, encode=encode, decode=decode)
 
 
 def splice_into(serving: Any, request: Any, adapted_request: Any, calls: _TemplateCalls) -> None:

@@ -198,14 +198,8 @@ def _tokenizer_template(renderer: Any, chat_params: Any) -> prefix_splice.Templa
                               "renders token ids)", "prefix_token_ids")
         return text
 
-    def decode(ids: Sequence[int]) -> str:
-        try:
-            return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        except TypeError:  # a tokenizer wrapper without the HF keywords
-            return tokenizer.decode(list(ids), skip_special_tokens=False)
-
-    return prefix_splice.Template(render=render, encode=lambda text: list(tokenizer.encode(text, add_special_tokens=False)),
-                                  decode=decode)
+    encode, decode = prefix_splice.tokenizer_codec(tokenizer)
+    return prefix_splice.Template(render=render, encode=encode, decode=decode)
 
 
 def splice_prefix(request: Any, renderer: Any, messages: list, chat_params: Any, engine_input: Any) -> Any:
@@ -221,7 +215,7 @@ def splice_prefix(request: Any, renderer: Any, messages: list, chat_params: Any,
     if engine_input.get("type", "token") != "token" or "prompt_token_ids" not in engine_input:
         raise bad_request("`prefix_token_ids` works with text conversations only (this prompt has media)",
                           "prefix_token_ids")
-    prefix = check_input_ids(prefix, "prefix_token_ids")
+    # the request validator checked the types (normalize_request)
     outside = prefix_splice.out_of_vocabulary(prefix, vocab_limit(renderer))
     if outside:
         raise bad_request(outside, "prefix_token_ids")
@@ -237,7 +231,7 @@ def splice_prefix(request: Any, renderer: Any, messages: list, chat_params: Any,
     except prefix_splice.SpliceError as error:
         raise bad_request(str(error), error.parameter) from None
     engine_input["prompt_token_ids"] = result.prompt
-    engine_input.pop("prompt", None)  # the text was the re-rendered one
+    engine_input["prompt"] = result.text  # without it vLLM would detokenize the prompt again
     return engine_input
 
 
