@@ -144,3 +144,13 @@ def test_nemo_gym_ids_on_the_last_assistant_message():
                 Q2]
     assert prefix_from_messages(messages) == [1, 2, 3, 4, 5]
     assert prefix_from_messages([Q1]) is None
+
+
+def test_the_fast_codec_gives_the_tokenizers_own_ids_and_text(tokenizer):
+    from toolkit.patches.common.prefix_splice import tokenizer_codec
+
+    encode, decode = tokenizer_codec(tokenizer)
+    text = "<|im_start|>user\nWeather in Paris?<|im_end|>\n<tool_call>\n{\"a\": 1}\n</tool_call> café ✓"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert encode(text) == ids
+    assert decode(ids) == tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) == text
