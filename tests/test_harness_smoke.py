@@ -125,7 +125,16 @@ def test_server_that_exits_at_once_reports_its_log(tmp_path):
 def test_ctrl_c_while_starting_stops_everything(tmp_path):
     python = fake_python(tmp_path, "sleep 600 &\nexec sleep 600")
     server = EngineServer("vllm", python, "model", timeout=60)
-    threading.Timer(2.0, _thread.interrupt_main).start()
+
+    def interrupt_once_its_children_run() -> None:
+        # Ctrl-C while the server is starting: after its process and the child it forks exist (a fixed
+        # delay is too short on a loaded machine, where the child may not have been forked yet).
+        deadline = time.monotonic() + 50
+        while time.monotonic() < deadline and len(server.process_tree()) < 2:
+            time.sleep(0.1)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_its_children_run, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         with server:
             pytest.fail("the fake server never becomes healthy")
