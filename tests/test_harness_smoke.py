@@ -8,6 +8,7 @@ of the server alive and no temp dir. The others drive EngineServer with fake int
 from __future__ import annotations
 
 import _thread
+import signal
 import stat
 import threading
 import time
@@ -123,6 +124,16 @@ def test_server_that_exits_at_once_reports_its_log(tmp_path):
 
 
 def test_ctrl_c_while_starting_stops_everything(tmp_path):
+    # Python's own Ctrl-C handler, as in a terminal: a run started in the background (`cmd &` in a
+    # script) inherits SIGINT ignored, and then interrupt_main() does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_while_starting(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_while_starting(tmp_path: Path) -> None:
     python = fake_python(tmp_path, "sleep 600 &\nexec sleep 600")
     server = EngineServer("vllm", python, "model", timeout=60)
 
