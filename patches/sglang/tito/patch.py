@@ -15,6 +15,6 @@ PATCH = Patch(
         FileEdit("srt/entrypoints/http_server.py", (f"{CODEMODS}:HttpServerTransformer",)),
     ),
     summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, token_id on logprobs, logprob_start_len",
-    verify_checks="toolkit.patches.common.multi_turn_check:CHECKS",
+    verify_checks="toolkit.patches.common.tito.check:CHECKS",
     runtime_modules=("toolkit.patches.sglang.tito.runtime",),
 )

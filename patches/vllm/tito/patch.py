@@ -16,6 +16,6 @@ PATCH = Patch(
         FileEdit("entrypoints/openai/chat_completion/api_router.py", (f"{CODEMODS}:ApiRouterTransformer",)),
     ),
     summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, token_id on logprobs, logprob_start_len",
-    verify_checks="toolkit.patches.common.multi_turn_check:CHECKS",
+    verify_checks="toolkit.patches.common.tito.check:CHECKS",
     runtime_modules=("toolkit.patches.vllm.tito.runtime",),
 )

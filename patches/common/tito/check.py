@@ -1,7 +1,8 @@
 """The tito patch's `toolkit verify` check ``multi-turn`` (registered by both engines' tito
 ``Patch.verify_checks``): a three-turn conversation with a tool call, through the prefix splice.
 
-Part of the verifier, kept beside the splice it checks: it may import ``toolkit.verify``.
+Part of the verifier, kept beside the patches it checks (`toolkit.patches.<engine-or-common>.<patch>.check`, as
+the architecture test names a patch's check): it may import ``toolkit.verify``.
 
 Turn one asks for the weather with a tool offered and named in ``tool_choice`` (when the model does
 not finish the call, it is steered to a Hermes-format call by a regex: the verify server's default

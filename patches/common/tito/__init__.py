@@ -1,0 +1,1 @@
+"""What both engines' tito patches share: the `multi-turn` verify check (``check.py``)."""
