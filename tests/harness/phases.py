@@ -2,7 +2,9 @@
 
 A pytest plugin: it adds up setup, call and teardown of every test under its folder (two levels below
 ``tests/``, e.g. ``tests/patches/vllm``), prints the table in the terminal summary and, when
-``TOOLKIT_PHASES_FILE`` names a file, appends one ``seconds<TAB>phase`` line per folder to it.
+``TOOLKIT_PHASES_FILE`` names a file, appends one ``seconds<TAB>phase`` line per folder to it. When
+``TOOLKIT_DURATIONS_FILE`` names a file, every setup, call or teardown of a second or more is appended
+to it as it ends (``seconds<TAB>when<TAB>nodeid``): where CI's time goes, readable while it runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ def _folder(nodeid: str) -> str:
 
 def pytest_runtest_logreport(report) -> None:
     _SECONDS[_folder(report.nodeid)] += report.duration
+    path = os.environ.get("TOOLKIT_DURATIONS_FILE")
+    if path and report.duration >= 1.0:  # each slow step as it ends, so a run still going can be read
+        with open(path, "a") as handle:
+            handle.write(f"{report.duration:.1f}\t{report.when}\t{report.nodeid}\n")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
