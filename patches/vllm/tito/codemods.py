@@ -41,6 +41,16 @@ def after_matching(transformer: AnchoredTransformer, block: cst.IndentedBlock, s
     return block.with_changes(body=body)
 
 
+def with_fields_and_validator(transformer: AnchoredTransformer, request: cst.ClassDef, fields_code: str,
+                              validator: str, function: str) -> cst.ClassDef:
+    """The request model ``request`` with the marked fields ``fields_code`` after its last field and a
+    "before" validator ``validator`` calling ``function`` at the end."""
+    fields = [transformer.marked_line(s) if isinstance(s, cst.SimpleStatementLine) else s
+              for s in cst.parse_module(fields_code.lstrip()).body]
+    return with_body(request, [*after_last_field(request.body.body, fields, before_methods=True),
+                               transformer.before_validator(validator, function)])
+
+
 # --------------------------------------------------------------------------------------------------
 # vllm/entrypoints/openai/chat_completion/protocol.py
 
@@ -88,11 +98,8 @@ class ProtocolTransformer(AnchoredTransformer):
     @m.leave(m.ClassDef(name=m.Name("ChatCompletionRequest")))
     def request_fields(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hit("ChatCompletionRequest")
-        fields = [self.marked_line(s) if isinstance(s, cst.SimpleStatementLine) else s
-                  for s in cst.parse_module(REQUEST_FIELDS.lstrip()).body]
-        validator = self.before_validator("_toolkit_tito_request", f"{RUNTIME}.normalize_request")
-        return with_body(updated_node, [*after_last_field(updated_node.body.body, fields, before_methods=True),
-                                        validator])
+        return with_fields_and_validator(self, updated_node, REQUEST_FIELDS, "_toolkit_tito_request",
+                                         f"{RUNTIME}.normalize_request")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -228,3 +235,51 @@ class ApiRouterTransformer(AnchoredTransformer):
                 decorators.insert(position, self.marked_decorator(TOKENS_ROUTE))
                 break
         return updated_node.with_changes(decorators=decorators)
+
+
+# --------------------------------------------------------------------------------------------------
+# vllm/entrypoints/openai/responses/protocol.py and responses/serving.py (the Responses API)
+
+RESPONSES_REQUEST_FIELDS = '''
+input_ids: list[int] | None = Field(
+    default=None,
+    description=(
+        "Token ids to use as the prompt, exactly: no chat template, no tokenization. "
+        "`input` may still be sent (tool and reasoning parsing) but never changes the prompt."
+    ),
+)
+return_token_ids: bool | None = Field(
+    default=None,
+    description="Return the prompt's token ids and the output's on the response (prompt_token_ids, token_ids).",
+)
+'''
+
+
+class ResponsesProtocolTransformer(AnchoredTransformer):
+    RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
+    INSIDE = {"ResponsesRequest": frozenset()}
+    ANCHORS = {"ResponsesRequest": "class ResponsesRequest (gets input_ids, return_token_ids and a validator)"}
+
+    @m.leave(m.ClassDef(name=m.Name("ResponsesRequest")))
+    def request_fields(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
+        self.hit("ResponsesRequest")
+        return with_fields_and_validator(self, updated_node, RESPONSES_REQUEST_FIELDS,
+                                         "_toolkit_tito_responses_request", f"{RUNTIME}.normalize_responses_request")
+
+
+RESPONSE_MADE = m.SimpleStatementLine(body=[m.Assign(
+    targets=[m.AssignTarget(m.Name("response"))],
+    value=m.Call(func=m.Attribute(value=m.Name("ResponsesResponse"), attr=m.Name("from_request"))))])
+
+
+class ResponsesServingTransformer(AnchoredTransformer):
+    RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
+    INSIDE = {"OpenAIServingResponses": frozenset({"responses_full_generator"})}
+    ANCHORS = {"response-made": "`response = ResponsesResponse.from_request(...)` in "
+                                "OpenAIServingResponses.responses_full_generator"}
+
+    @m.leave(m.IndentedBlock())
+    @in_method("OpenAIServingResponses", "responses_full_generator")
+    def response_token_ids(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return after_matching(self, updated_node, RESPONSE_MADE, "response-made",
+                              f"response = {RUNTIME}.with_response_token_ids(request, response, context)")

@@ -14,8 +14,10 @@ PATCH = Patch(
         FileEdit("renderers/online_renderer.py", (f"{CODEMODS}:OnlineRendererTransformer",)),
         FileEdit("entrypoints/openai/chat_completion/serving.py", (f"{CODEMODS}:ServingTransformer",)),
         FileEdit("entrypoints/openai/chat_completion/api_router.py", (f"{CODEMODS}:ApiRouterTransformer",)),
+        FileEdit("entrypoints/openai/responses/protocol.py", (f"{CODEMODS}:ResponsesProtocolTransformer",)),
+        FileEdit("entrypoints/openai/responses/serving.py", (f"{CODEMODS}:ResponsesServingTransformer",)),
     ),
-    summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, token_id on logprobs, logprob_start_len",
+    summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, token_id on logprobs, logprob_start_len; input_ids and token ids on /v1/responses",
     verify_checks="toolkit.patches.common.tito.check:CHECKS",
     runtime_modules=("toolkit.patches.vllm.tito.runtime",),
 )

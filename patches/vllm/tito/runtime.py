@@ -308,3 +308,64 @@ def with_logprob_token_ids(logprobs: Any, token_ids: Sequence[int], top_logprobs
             for top, top_id in zip(entry.top_logprobs, step):
                 top.token_id = int(top_id)
     return logprobs
+
+
+# --------------------------------------------------------------------------------------------------
+# the Responses API (responses/protocol.py's ResponsesRequest, responses/serving.py)
+
+
+def normalize_responses_request(data: Any) -> Any:
+    """Check and complete a raw ``/v1/responses`` body before pydantic validates its fields.
+
+    With ``input_ids``: ``input`` becomes optional (``""``; the prompt is the ids, through the same
+    reused-ids path as chat) and ``return_token_ids`` defaults to true; history from elsewhere
+    (``previous_response_id``, ``previous_input_messages``) would be silently dropped, so it is a 400.
+    Without: ``TOOLKIT_RETURN_TOKEN_IDS=1`` makes ``return_token_ids`` default to true.
+    """
+    if not isinstance(data, dict):
+        return data
+    if data.get("input_ids") is not None:
+        check_input_ids(data["input_ids"])
+        for field in ("previous_response_id", "previous_input_messages"):
+            if data.get(field):
+                raise bad_request(f"`{field}` cannot be used with `input_ids`: the prompt is exactly the ids sent",
+                                  field)
+        if data.get("input") is None:
+            data["input"] = ""
+        if data.get("return_token_ids") is None:
+            data["return_token_ids"] = True
+    elif data.get("return_token_ids") is None and return_token_ids_by_default():
+        data["return_token_ids"] = True
+    return data
+
+
+def _raw_tokens(messages: Any) -> list[list[int]] | None:
+    """The token lists of vLLM's own ``input_messages`` / ``output_messages`` (what it returns with
+    ``enable_response_messages``), or None where they are not token records (Harmony's messages)."""
+    if not isinstance(messages, list):
+        return None
+    tokens = [getattr(message, "tokens", None) for message in messages]
+    if not all(isinstance(ids, (list, tuple)) for ids in tokens):
+        return None
+    return [[int(i) for i in ids] for ids in tokens]
+
+
+def with_response_token_ids(request: Any, response: Any, context: Any) -> Any:
+    """``prompt_token_ids`` and ``token_ids`` on a Responses response when the request asks for them.
+
+    The ids are vLLM's own record of the turn (the context's ``input_messages`` / ``output_messages``,
+    which ``enable_response_messages`` would return as raw-message records): the exact prompt the
+    engine ran and every output id, accumulated the same way streaming and not. The response model
+    allows extra fields, so a response without ``return_token_ids`` keeps vLLM's exact shape.
+    Called where ``responses_full_generator`` builds the response, which is also the streaming
+    path's ``response.completed``.
+    """
+    if not getattr(request, "return_token_ids", None):
+        return response
+    prompt = _raw_tokens(getattr(context, "input_messages", None))
+    output = _raw_tokens(getattr(context, "output_messages", None))
+    if not prompt or output is None:
+        return response  # Harmony (gpt-oss) keeps its own message records
+    response.prompt_token_ids = prompt[0]
+    response.token_ids = [i for ids in output for i in ids]
+    return response

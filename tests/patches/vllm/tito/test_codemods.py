@@ -28,6 +28,8 @@ PROTOCOL = "entrypoints/openai/chat_completion/protocol.py"
 RENDERER = "renderers/online_renderer.py"
 SERVING = "entrypoints/openai/chat_completion/serving.py"
 ROUTER = "entrypoints/openai/chat_completion/api_router.py"
+RESPONSES_PROTOCOL = "entrypoints/openai/responses/protocol.py"
+RESPONSES_SERVING = "entrypoints/openai/responses/serving.py"
 
 
 def transform(relpath: str, source: str, version: str = "0.32.0") -> str:
@@ -252,12 +254,96 @@ class OpenAIServingChat(GenerateBaseServing):
         return _toolkit_tito.with_logprob_token_ids(ChatCompletionLogProbs(content=logprobs_content), token_ids, top_logprobs)  # toolkit:tito
 '''
 
+RESPONSES_PROTOCOL_BEFORE = '''\
+import time
+
+
+class ResponsesRequest(OpenAIBaseModel):
+    input: str | list[ResponseInputOutputItem]
+    stop_token_ids: list[int] | None = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_prompt(cls, data):
+        return data
+'''
+RESPONSES_PROTOCOL_AFTER = '''\
+import time
+from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+
+
+class ResponsesRequest(OpenAIBaseModel):
+    input: str | list[ResponseInputOutputItem]
+    stop_token_ids: list[int] | None = []
+    input_ids: list[int] | None = Field(
+        default=None,
+        description=(
+            "Token ids to use as the prompt, exactly: no chat template, no tokenization. "
+            "`input` may still be sent (tool and reasoning parsing) but never changes the prompt."
+        ),
+    )  # toolkit:tito
+    return_token_ids: bool | None = Field(
+        default=None,
+        description="Return the prompt's token ids and the output's on the response (prompt_token_ids, token_ids).",
+    )  # toolkit:tito
+
+    @model_validator(mode="before")
+    @classmethod
+    def validate_prompt(cls, data):
+        return data
+
+    # toolkit:tito
+    @model_validator(mode="before")
+    @classmethod
+    def _toolkit_tito_responses_request(cls, data):
+        return _toolkit_tito.normalize_responses_request(data)
+'''
+
+RESPONSES_SERVING_BEFORE = '''\
+import asyncio
+
+
+class OpenAIServingResponses(GenerateBaseServing):
+    async def responses_full_generator(self, request, sampling_params, result_generator, context):
+        usage = ResponseUsage(input_tokens=1)
+        response = ResponsesResponse.from_request(
+            request,
+            sampling_params,
+            output=output,
+        )
+
+        if request.store:
+            self.response_store[response.id] = response
+        return response
+'''
+RESPONSES_SERVING_AFTER = '''\
+import asyncio
+from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+
+
+class OpenAIServingResponses(GenerateBaseServing):
+    async def responses_full_generator(self, request, sampling_params, result_generator, context):
+        usage = ResponseUsage(input_tokens=1)
+        response = ResponsesResponse.from_request(
+            request,
+            sampling_params,
+            output=output,
+        )
+        response = _toolkit_tito.with_response_token_ids(request, response, context)  # toolkit:tito
+
+        if request.store:
+            self.response_store[response.id] = response
+        return response
+'''
+
 
 @pytest.mark.parametrize(
     "relpath,before,after",
     [(PROTOCOL, PROTOCOL_BEFORE, PROTOCOL_AFTER), (RENDERER, RENDERER_BEFORE, RENDERER_AFTER),
-     (SERVING, SERVING_BEFORE, SERVING_AFTER), (ROUTER, ROUTER_BEFORE, ROUTER_AFTER)],
-    ids=["protocol", "online_renderer", "serving", "api_router"],
+     (SERVING, SERVING_BEFORE, SERVING_AFTER), (ROUTER, ROUTER_BEFORE, ROUTER_AFTER),
+     (RESPONSES_PROTOCOL, RESPONSES_PROTOCOL_BEFORE, RESPONSES_PROTOCOL_AFTER),
+     (RESPONSES_SERVING, RESPONSES_SERVING_BEFORE, RESPONSES_SERVING_AFTER)],
+    ids=["protocol", "online_renderer", "serving", "api_router", "responses_protocol", "responses_serving"],
 )
 def test_golden_before_after(relpath, before, after):
     assert transform(relpath, before) == after
@@ -351,6 +437,7 @@ INJECTED_NAMES = {
     SERVING: {"_create_chat_completion": {"self", "request"}, "chat_completion_full_generator": {"request"},
               "_create_chat_logprobs": {"token_ids", "top_logprobs"}},
     RENDERER: {"_reused_prompt_token_ids": {"request", "renderer"}, "preprocess_chat": {"request", "messages"}},
+    RESPONSES_SERVING: {"responses_full_generator": {"request", "context"}},
 }
 
 

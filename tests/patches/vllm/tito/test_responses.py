@@ -1,0 +1,112 @@
+"""Token ids and ``input_ids`` on vLLM's ``/v1/responses`` with the tito patch, over HTTP.
+
+The tito session server (conftest.py: the tiny random model, qwen3 reasoning and hermes tool parsers,
+TOOLKIT_RETURN_TOKEN_IDS=1) answers both APIs, so the Responses ids are checked against chat
+completions' for the same conversation under greedy decoding.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+A = [{"role": "user", "content": "Name three prime numbers."}]
+B = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "def fibonacci(n):"}]
+
+
+class Http:
+    def __init__(self, server) -> None:
+        self.model = server.model
+        self.http = httpx.Client(base_url=server.base_url, timeout=120)
+
+    def chat(self, messages: list, max_tokens: int = 10) -> dict:
+        response = self.http.post("/v1/chat/completions", json={
+            "model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def responses(self, **body: Any) -> httpx.Response:
+        return self.http.post("/v1/responses", json={"model": self.model, "temperature": 0,
+                                                      "max_output_tokens": 10, **body})
+
+    def stream(self, **body: Any) -> list[dict]:
+        """Every event of a streamed response, in order."""
+        body = {"model": self.model, "temperature": 0, "max_output_tokens": 10, "stream": True, **body}
+        with self.http.stream("POST", "/v1/responses", json=body) as response:
+            assert response.status_code == 200, response.read()
+            return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+
+
+@pytest.fixture(scope="module")
+def http(tito_server) -> Http:
+    return Http(tito_server)
+
+
+@pytest.mark.parametrize("messages", [A, B], ids=["A", "B"])
+def test_responses_ids_equal_chat_ids(http, messages):
+    """The same conversation, greedy: the same prompt ids and output ids as chat completions."""
+    chat = http.chat(messages)
+    response = http.responses(input=messages)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["prompt_token_ids"] == chat["prompt_token_ids"]
+    assert body["token_ids"] == chat["choices"][0]["token_ids"]
+    assert len(body["token_ids"]) == body["usage"]["output_tokens"]
+    assert len(body["prompt_token_ids"]) == body["usage"]["input_tokens"]
+
+
+def test_stream_completed_event_carries_the_same_ids(http):
+    plain = http.responses(input=B).json()
+    events = http.stream(input=B)
+    completed = [event for event in events if event["type"] in ("response.completed", "response.incomplete")]
+    assert len(completed) == 1 and completed[0] is events[-1]
+    final = completed[0]["response"]
+    assert final["prompt_token_ids"] == plain["prompt_token_ids"]
+    assert final["token_ids"] == plain["token_ids"] and final["token_ids"]
+
+
+def test_return_token_ids_false_keeps_vllms_shape(http):
+    """The server-wide switch is a default: a request can turn it off, and then no field is added."""
+    body = http.responses(input=A, return_token_ids=False).json()
+    assert "prompt_token_ids" not in body and "token_ids" not in body
+    final = http.stream(input=A, return_token_ids=False)[-1]["response"]
+    assert "prompt_token_ids" not in final and "token_ids" not in final
+
+
+def test_input_ids_are_the_prompt(http):
+    """``input_ids`` of B's templated prompt, with ``input`` A: the prompt is B's, and so is the output."""
+    chat_b = http.chat(B)
+    response = http.responses(input=A, input_ids=chat_b["prompt_token_ids"])
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["prompt_token_ids"] == chat_b["prompt_token_ids"]
+    assert body["token_ids"] == chat_b["choices"][0]["token_ids"]
+    final = http.stream(input_ids=chat_b["prompt_token_ids"])[-1]["response"]  # no `input` at all
+    assert (final["prompt_token_ids"], final["token_ids"]) == (body["prompt_token_ids"], body["token_ids"])
+
+
+@pytest.mark.parametrize("extra,field,words", [
+    ({"input_ids": "1 2 3"}, "input_ids", "must be a list"),
+    ({"input_ids": []}, "input_ids", "must not be empty"),
+    ({"input_ids": [1, 2.5]}, "input_ids", "item 1 is float"),
+    ({"input_ids": [1, -4]}, "input_ids", "negative ids: item 1 is -4"),
+    ({"input_ids": [1, 10**9]}, "input_ids", "out of the vocabulary"),
+    ({"input_ids": [1, 2], "previous_response_id": "resp_x"}, "previous_response_id", "cannot be used with `input_ids`"),
+], ids=["not-a-list", "empty", "float", "negative", "out-of-vocab", "previous-response"])
+def test_bad_input_ids_are_a_400_naming_the_field(http, extra, field, words):
+    response = http.responses(input="hi", **extra)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert words in error["message"] and field in error["message"], error
+    assert http.responses(input="hi", max_output_tokens=2).status_code == 200  # the server is still up
+
+
+def test_input_ids_longer_than_the_context_are_a_400(http, tito_server):
+    response = http.responses(input_ids=[1] * 100_000, max_output_tokens=1)
+    assert response.status_code == 400, response.text
+    assert http.responses(input="hi", max_output_tokens=2).status_code == 200
