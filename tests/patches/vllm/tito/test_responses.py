@@ -2,7 +2,8 @@
 
 The tito session server (conftest.py: the tiny random model, qwen3 reasoning and hermes tool parsers,
 TOOLKIT_RETURN_TOKEN_IDS=1) answers both APIs, so the Responses ids are checked against chat
-completions' for the same conversation under greedy decoding.
+completions' for the same conversation under greedy decoding. On vLLM 0.33.0 the server also runs
+responses-stream, on 0.32.0 not: both compositions.
 """
 
 from __future__ import annotations
@@ -60,9 +61,13 @@ def test_responses_ids_equal_chat_ids(http, messages):
     assert len(body["prompt_token_ids"]) == body["usage"]["input_tokens"]
 
 
-def test_stream_completed_event_carries_the_same_ids(http):
+def test_stream_completed_event_carries_the_same_ids(http, tito_server):
     plain = http.responses(input=B).json()
     events = http.stream(input=B)
+    if "responses-stream" in tito_server.patches:  # the two patches compose: the stream stays well formed
+        from toolkit.patches.vllm.responses_stream.grammar import check_events
+
+        assert check_events(events) == []
     completed = [event for event in events if event["type"] in ("response.completed", "response.incomplete")]
     assert len(completed) == 1 and completed[0] is events[-1]
     final = completed[0]["response"]

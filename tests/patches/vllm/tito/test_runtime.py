@@ -230,3 +230,49 @@ def test_logprob_entries_get_their_ids():
     assert [e.token_id for e in result.content] == [10, 20, 30]
     assert [t.token_id for t in result.content[0].top_logprobs] == [10, 11]
     assert [t.token_id for t in result.content[2].top_logprobs] == [30, 31]
+
+
+# --------------------------------------------------------------------------------------------------
+# the Responses API
+
+
+def test_responses_input_ids_make_input_optional_and_ids_returned(monkeypatch):
+    monkeypatch.delenv(runtime.ENV_RETURN_TOKEN_IDS, raising=False)
+    assert runtime.normalize_responses_request({"input_ids": [4, 5]}) == {
+        "input_ids": [4, 5], "input": "", "return_token_ids": True}
+    assert runtime.normalize_responses_request({"input": "hi"}) == {"input": "hi"}
+    monkeypatch.setenv(runtime.ENV_RETURN_TOKEN_IDS, "1")
+    assert runtime.normalize_responses_request({"input": "hi"})["return_token_ids"] is True
+    assert runtime.normalize_responses_request({"input": "hi", "return_token_ids": False})["return_token_ids"] is False
+
+
+@pytest.mark.parametrize("field", ["previous_response_id", "previous_input_messages"])
+def test_responses_input_ids_refuse_history_from_elsewhere(field):
+    with raises_400(field):
+        runtime.normalize_responses_request({"input_ids": [1], field: "resp_1" if "id" in field else [{}]})
+    with raises_400("input_ids"):
+        runtime.normalize_responses_request({"input_ids": [1, -1]})
+
+
+@dataclass
+class Raw:  # vLLM's ResponseRawMessageAndToken
+    tokens: list[int]
+
+
+@dataclass
+class Ctx:
+    input_messages: list
+    output_messages: list
+
+
+def test_response_ids_come_from_vllms_message_records():
+    request = type("R", (), {"return_token_ids": True})()
+    response = type("Resp", (), {})()
+    runtime.with_response_token_ids(request, response, Ctx([Raw([1, 2])], [Raw([7]), Raw([8, 9])]))
+    assert (response.prompt_token_ids, response.token_ids) == ([1, 2], [7, 8, 9])
+    harmony = type("Resp", (), {})()  # Harmony's records are messages, not ids: nothing is added
+    runtime.with_response_token_ids(request, harmony, Ctx([{"role": "user"}], []))
+    assert not hasattr(harmony, "prompt_token_ids")
+    off = type("Resp", (), {})()
+    runtime.with_response_token_ids(type("R", (), {"return_token_ids": False})(), off, Ctx([Raw([1])], []))
+    assert not hasattr(off, "token_ids")
