@@ -82,11 +82,14 @@ def tested_releases() -> tuple[dict[tuple[str, str], set[tuple[str, str]]], set[
     vllm = {_env_release(env) for env in (*fixtures.VLLM_ENVS, *fixtures.VLLM_VERIFY_ENVS)}
     behaviour = {
         **{("sglang", p): {("sglang", v) for v in releases} for p, releases in fixtures.SGLANG_PROVED.items()},
-        ("sglang", "superlinear-backend"): {("sglang", "0.5.9")},
         **{("vllm", p): vllm for p in ("tito", "responses-stream", "patch-sweep")},
     }
     server = {_env_release(env) for env in (*fixtures.SGLANG_ENVS, *fixtures.VLLM_ENVS, *fixtures.VLLM_VERIFY_ENVS)}
     return behaviour, server
+# What SGLang gets from its own plugin loader, no patch: the key of the releases its tests run on in
+# fixtures.SGLANG_PROVED -> (the module whose SGLANG_RELEASES says where the loader is, the patch whose
+# edited files group the releases: the ones the plugin touches too).
+PLUGINS = {"superlinear-plugin": ("toolkit.patches.sglang.superlinear.plugin", "superlinear-backend")}
 SLIM_MARKER = ".toolkit-slim"
 DOC = REPO_ROOT / "docs" / "compatibility.md"
 # What a maintainer wrote about the matrix, between these lines, survives --write-doc.
@@ -377,6 +380,28 @@ def summary(cells: list[Cell]) -> list[str]:
     return out
 
 
+def plugins_text(cells: list[Cell]) -> list[str]:
+    """Per plugin: the releases with the engine's loader, and those its behaviour tests cover: run on the
+    release, or via one whose files the patch it takes over from edits are byte-identical."""
+    from tests.harness import fixtures
+
+    out = []
+    for name, (module, patch) in PLUGINS.items():
+        releases = importlib.import_module(module).SGLANG_RELEASES
+        mine = [c for c in cells if c.dist == "sglang" and c.patch == patch]
+        among = [c.version for c in mine]
+        run = set(fixtures.SGLANG_PROVED.get(name, ()))
+        loader = [c.version for c in mine if SpecifierSet(releases).contains(c.version, prereleases=True)]
+        groups = {c.group for c in mine if c.version in run}
+        covered = [c.version for c in mine if c.version in loader and (c.version in run or c.group in groups)]
+        text = (f"- **sglang `{name}`** (the engine's own plugin loader, no patch; releases `{releases}`): the loader "
+                f"is on {len(loader)} ({_spans(loader, among)}); behaviour tests run on {len(run & set(among))} and "
+                f"cover {len(covered)} ({_spans(covered, among)})")
+        uncovered = [v for v in loader if v not in covered]
+        out.append(text + (f"; not covered: {_spans(uncovered, among)}" if uncovered else "") + ".")
+    return out
+
+
 def groups_text(cells: list[Cell]) -> list[str]:
     out = []
     for key in dict.fromkeys((c.engine, c.patch) for c in cells):
@@ -423,6 +448,7 @@ def document(cells: list[Cell], command: str, notes: str = "") -> str:
         "## What it shows",
         "",
         *summary(cells),
+        *plugins_text(cells),
         "",
         "## Notes",
         "",
@@ -485,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table(cells))
         print()
-        print("\n".join(summary(cells)))
+        print("\n".join(summary(cells) + plugins_text(cells)))
         print()
         print("\n".join(groups_text(cells)))
     problems = unproved(cells)

@@ -131,6 +131,9 @@ SGLANG_GROUP_TRANSFORMERS = {
     "0.5.10": "5.3.0", "0.5.11": "5.6.0", "0.5.12": "5.6.0", "0.5.13": "5.8.1", "0.5.14": "5.8.1",
     "0.5.15": "5.12.1", "0.5.16": "5.12.1", "0.5.17": "5.12.1", "0.5.18": "5.12.1", "0.5.19": "5.12.1",
     "0.5.20": "5.12.1", "0.5.21": "5.12.1", "0.5.22": "5.19.0",
+    # post releases whose files the superlinear backend depends on differ from their release's
+    # (tests/patches/sglang/superlinear/test_releases.py)
+    "0.5.10.post1": "5.3.0", "0.5.15.post1": "5.12.1",
 }
 for _version, _transformers in SGLANG_GROUP_TRANSFORMERS.items():
     OVERLAYS[f"sglang-{_version}"] = {

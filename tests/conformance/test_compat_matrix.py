@@ -94,18 +94,20 @@ def test_behaviour_and_server_columns_come_from_what_the_suite_runs(matrix, slim
     matrix.assign_tests(list(cells.values()))
     assert cells["tito"].behaviour == cells["token-ids"].behaviour == "run"
     assert cells["tito"].server  # the SGLang server tests run on 0.5.23
-    assert cells["superlinear-backend"].behaviour == ""  # its in-tree patch is tested on 0.5.9 only
+    assert cells["superlinear-backend"].behaviour == ""  # the patch is tested where SGLang has no plugins
+    (plugin,) = matrix.plugins_text(list(cells.values()))  # 0.5.23 gets the backend from the plugin
+    assert "the loader is on 1 (0.5.23); behaviour tests run on 1 and cover 1 (0.5.23)." in plugin, plugin
     assert matrix.unproved(list(cells.values())) == []  # every declared cell of 0.5.23 is proved
     doc = matrix.document(list(cells.values()), "python scripts/compat_matrix.py --write-doc")
     assert "| sglang 0.5.23 | tito | yes |" in doc and "| run | run |" in doc
 
 
 def test_every_group_release_the_tests_name_has_a_venv():
-    """SGLANG_GROUP_RELEASES (the serving tests' parameters) and scripts/envs.py agree: a full venv or
-    an overlay for each, and no SGLang overlay the tests do not use."""
-    from tests.harness.fixtures import SGLANG_GROUP_RELEASES, _envs_script
+    """SGLANG_GROUP_RELEASES and SGLANG_PROVED (the tests' parameters) and scripts/envs.py agree: a full
+    venv or an overlay for each, and no SGLang overlay the tests do not use."""
+    from tests.harness.fixtures import SGLANG_GROUP_RELEASES, SGLANG_PROVED, _envs_script
 
     envs = _envs_script()
-    names = {f"sglang-{v}" for v in SGLANG_GROUP_RELEASES}
+    names = {f"sglang-{v}" for v in (*SGLANG_GROUP_RELEASES, *(v for vs in SGLANG_PROVED.values() for v in vs))}
     assert names <= set(envs.DEFAULT_ENVS)
     assert {n for n in envs.OVERLAYS if n.startswith("sglang-")} == names - set(envs.RECIPES)

@@ -44,6 +44,13 @@ SGLANG_PROVED = {
     # tito's tests also apply token-ids: a release is here only where token-ids is declared too
     "tito": ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.18",
              "0.5.19", "0.5.21", "0.5.22", "0.5.23"),
+    # tests/patches/sglang/superlinear/test_releases.py: the patch where SGLang has no plugin mechanism
+    # (before 0.5.11), the sglang.srt.plugins entry point (no patch) from 0.5.11 on; every release is
+    # its own group (the registry, CLI and utils files differ in each; 0.5.12.post1 and 0.5.13.post1
+    # ship their release's, 0.5.10.post1 and 0.5.15.post1 do not)
+    "superlinear-backend": ("0.5.9", "0.5.10", "0.5.10.post1"),
+    "superlinear-plugin": ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17",
+                           "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
 }
 
 

@@ -1,7 +1,8 @@
 """The ``toolkit.patches.sglang.superlinear_backend`` patch declaration: what it rewrites, on which versions.
 
-SGLang 0.5.23 gets the same backend from its plugin entry point (``toolkit.patches.sglang.superlinear.plugin``)
-and needs no patch.
+Only where SGLang has no plugin mechanism (0.5.9, 0.5.10): from 0.5.11 SGLang loads general plugins
+and gets the same backend from this package's entry point (``toolkit.patches.sglang.superlinear.plugin``),
+no patch.
 """
 
 from toolkit.declare import FileEdit, Patch
@@ -12,7 +13,7 @@ CODEMODS = "toolkit.patches.sglang.superlinear_backend.codemods"
 PATCH = Patch(
     id="superlinear-backend",
     engine="sglang",
-    versions="==0.5.9",
+    versions=">=0.5.9,<0.5.11",
     files=(
         FileEdit("srt/layers/attention/attention_registry.py", (f"{CODEMODS}:RegistryTransformer",)),
         FileEdit("srt/server_args.py", (f"{CODEMODS}:ChoicesTransformer",)),
