@@ -272,11 +272,26 @@ RESPONSE_MADE = m.SimpleStatementLine(body=[m.Assign(
     value=m.Call(func=m.Attribute(value=m.Name("ResponsesResponse"), attr=m.Name("from_request"))))])
 
 
+RESPONSES_RENDERED = m.SimpleStatementLine(body=[m.Assign(
+    targets=[m.AssignTarget(m.Name("engine_inputs"))],
+    value=m.List(elements=[m.Element(m.Attribute(value=m.Name("render_result"), attr=m.Name("engine_input")))]))])
+
+
 class ResponsesServingTransformer(AnchoredTransformer):
     RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
-    INSIDE = {"OpenAIServingResponses": frozenset({"responses_full_generator"})}
-    ANCHORS = {"response-made": "`response = ResponsesResponse.from_request(...)` in "
-                                "OpenAIServingResponses.responses_full_generator"}
+    INSIDE = {"OpenAIServingResponses": frozenset({"_create_responses", "responses_full_generator"})}
+    ANCHORS = {
+        "responses-rendered": "`engine_inputs = [render_result.engine_input]` in OpenAIServingResponses._create_responses",
+        "response-made": "`response = ResponsesResponse.from_request(...)` in "
+                         "OpenAIServingResponses.responses_full_generator",
+    }
+
+    @m.leave(m.IndentedBlock())
+    @in_method("OpenAIServingResponses", "_create_responses")
+    def check_rendered_prompt(self, original_node: cst.IndentedBlock,
+                              updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return after_matching(self, updated_node, RESPONSES_RENDERED, "responses-rendered",
+                              f"{RUNTIME}.check_prompt(request, engine_inputs, self.model_config.max_model_len)")
 
     @m.leave(m.IndentedBlock())
     @in_method("OpenAIServingResponses", "responses_full_generator")

@@ -242,9 +242,10 @@ def _prompt_ids(engine_input: Any) -> Sequence[int] | None:
 
 
 def check_prompt(request: Any, engine_inputs: Iterable[Any], max_model_len: int) -> None:
-    """Checks that need the rendered prompt; raises the engine's validation error (HTTP 400).
+    """Checks that need the rendered prompt (chat and Responses requests); raises the engine's
+    validation error (HTTP 400).
 
-    With ``input_ids`` the prompt plus ``max_tokens`` (at least one token when unset) must fit the
+    With ``input_ids`` the prompt plus ``max_tokens`` (``max_output_tokens`` on /v1/responses) (at least one token when unset) must fit the
     context: vLLM would otherwise clamp the output budget silently. ``logprob_start_len`` must be a
     position inside the prompt.
     """
@@ -260,9 +261,12 @@ def check_prompt(request: Any, engine_inputs: Iterable[Any], max_model_len: int)
             continue
         length = len(ids)
         if with_ids:
-            max_tokens = request.max_completion_tokens
-            if max_tokens is None:
-                max_tokens = request.max_tokens
+            # chat: max_completion_tokens, else max_tokens; the Responses API: max_output_tokens
+            budget, max_tokens = next(((name, value) for name, value in
+                                       ((name, getattr(request, name, None)) for name in
+                                        ("max_completion_tokens", "max_tokens", "max_output_tokens"))
+                                       if value is not None), ("max_tokens", None))
+            budget = "max_output_tokens" if budget == "max_output_tokens" else "max_tokens"
             if max_tokens is None:
                 if length >= max_model_len:
                     raise bad_request(
@@ -272,7 +276,7 @@ def check_prompt(request: Any, engine_inputs: Iterable[Any], max_model_len: int)
                     )
             elif length + max_tokens > max_model_len:
                 raise bad_request(
-                    f"{label} has {length} tokens and max_tokens is {max_tokens}: {length + max_tokens} "
+                    f"{label} has {length} tokens and {budget} is {max_tokens}: {length + max_tokens} "
                     f"exceeds the model's context of {max_model_len} tokens",
                     field,
                 )

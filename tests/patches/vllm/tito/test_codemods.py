@@ -304,6 +304,12 @@ import asyncio
 
 
 class OpenAIServingResponses(GenerateBaseServing):
+    async def _create_responses(self, request, raw_request=None):
+        messages = render_result.messages
+        engine_inputs = [render_result.engine_input]
+
+        request_metadata = RequestResponseMetadata(request_id=request.request_id)
+
     async def responses_full_generator(self, request, sampling_params, result_generator, context):
         usage = ResponseUsage(input_tokens=1)
         response = ResponsesResponse.from_request(
@@ -322,6 +328,13 @@ from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
 
 
 class OpenAIServingResponses(GenerateBaseServing):
+    async def _create_responses(self, request, raw_request=None):
+        messages = render_result.messages
+        engine_inputs = [render_result.engine_input]
+        _toolkit_tito.check_prompt(request, engine_inputs, self.model_config.max_model_len)  # toolkit:tito
+
+        request_metadata = RequestResponseMetadata(request_id=request.request_id)
+
     async def responses_full_generator(self, request, sampling_params, result_generator, context):
         usage = ResponseUsage(input_tokens=1)
         response = ResponsesResponse.from_request(
@@ -437,7 +450,7 @@ INJECTED_NAMES = {
     SERVING: {"_create_chat_completion": {"self", "request"}, "chat_completion_full_generator": {"request"},
               "_create_chat_logprobs": {"token_ids", "top_logprobs"}},
     RENDERER: {"_reused_prompt_token_ids": {"request", "renderer"}, "preprocess_chat": {"request", "messages"}},
-    RESPONSES_SERVING: {"responses_full_generator": {"request", "context"}},
+    RESPONSES_SERVING: {"_create_responses": {"self", "request"}, "responses_full_generator": {"request", "context"}},
 }
 
 

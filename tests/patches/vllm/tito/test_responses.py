@@ -111,7 +111,13 @@ def test_bad_input_ids_are_a_400_naming_the_field(http, extra, field, words):
     assert http.responses(input="hi", max_output_tokens=2).status_code == 200  # the server is still up
 
 
-def test_input_ids_longer_than_the_context_are_a_400(http, tito_server):
-    response = http.responses(input_ids=[1] * 100_000, max_output_tokens=1)
+@pytest.mark.parametrize("length,max_output_tokens,words", [
+    (100_000, 1, "exceeds"),  # vLLM's own check of the prompt
+    (500, 100, "`input_ids` has 500 tokens and max_output_tokens is 100: 600 exceeds the model's context of 512"),
+])
+def test_input_ids_that_leave_no_room_are_a_400(http, length, max_output_tokens, words):
+    """vLLM alone would clamp the output budget of the second silently (12 tokens, status incomplete)."""
+    response = http.responses(input_ids=[1] * length, max_output_tokens=max_output_tokens)
     assert response.status_code == 400, response.text
+    assert words in response.json()["error"]["message"]
     assert http.responses(input="hi", max_output_tokens=2).status_code == 200
