@@ -133,7 +133,7 @@ class ServingChatTransformer(AnchoredTransformer):
     # method -> (runtime decorator, parameters it must have)
     DECORATED = {
         "_convert_to_internal_request": ("convert_request", ("request",)),
-        "_build_chat_response": ("with_prompt_logprobs", ("request", "ret")),
+        "_build_chat_response": ("finish_chat_response", ("request", "ret")),
         "_process_response_logprobs": ("response_logprob_ids", ("ret_item",)),
         "_process_streaming_logprobs": ("stream_logprob_ids", ("content", "n_prev_token")),
         "_build_token_logprobs_from_raw": ("logprob_ids_from_raw", ("output_token_logprobs", "output_top_logprobs")),

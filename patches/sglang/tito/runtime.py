@@ -17,6 +17,9 @@ The contract (docs/tito.md), the same as on vLLM:
   assistant message): the prompt starts with these ids exactly and continues with what the chat
   template puts after them (``toolkit.patches.common.prefix_splice``).
 - ``tokens`` (prime-rl / verifiers' ``/v1/chat/completions/tokens`` body): the same as ``input_ids``.
+- ``TOOLKIT_OPENAI_METADATA=1`` (server-wide, off by default): the response's ``metadata`` maps strings
+  to strings, as the ``openai`` package's ``ChatCompletion`` types it; SGLang 0.5.19 on puts the
+  ``weight_versions`` list there, which clients that validate with that model (verifiers) refuse.
 
 Bad input raises ``ValueError``: in a pydantic validator SGLang turns it into an HTTP 400 through its
 request-validation handler; in the serving class, ``handle_request`` answers it with a 400.
@@ -26,14 +29,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolkit.patches.common import prefix_splice
+from toolkit.patches.common.env import env_flag
 from toolkit.patches.common.serialize import omit_when_none  # noqa: F401 (the patched serializers call it here)
 
 TOKEN_IDS_RUNTIME = "toolkit.patches.sglang.token_ids.runtime"
+OPENAI_METADATA_FLAG = "TOOLKIT_OPENAI_METADATA"
 
 
 def _is_int(value: Any) -> bool:
@@ -361,13 +367,26 @@ def _triple(item: Sequence[Any]) -> tuple[Any, int, Any]:
     return logprob, token_id, text
 
 
-def with_prompt_logprobs(method: Callable) -> Callable:
+def string_metadata(metadata: Any) -> Any:
+    """``metadata`` with every value that is not a string as compact JSON (SGLang's
+    ``weight_versions`` list becomes ``'[{"version":"default","start":0,"end":5}]'``); anything but a
+    dict, or a dict of strings, comes back as it is."""
+    if not isinstance(metadata, dict) or all(isinstance(value, str) for value in metadata.values()):
+        return metadata
+    return {key: value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+            for key, value in metadata.items()}
+
+
+def finish_chat_response(method: Callable) -> Callable:
     """Decorate ``OpenAIServingChat._build_chat_response(self, request, ret, created)``: the prompt
-    logprobs a ``logprob_start_len`` asked for go on the response as ``prompt_logprobs``."""
+    logprobs a ``logprob_start_len`` asked for go on the response as ``prompt_logprobs``; with
+    ``TOOLKIT_OPENAI_METADATA`` on, ``metadata`` holds strings only (:func:`string_metadata`)."""
 
     @functools.wraps(method)
     def build(self: Any, request: Any, ret: list, *args: Any, **kwargs: Any) -> Any:
         response = method(self, request, ret, *args, **kwargs)
+        if env_flag(OPENAI_METADATA_FLAG) and getattr(response, "metadata", None) is not None:
+            response.metadata = string_metadata(response.metadata)
         start = logprob_start(request)
         if start < 0 or not hasattr(response, "choices") or not ret:
             return response

@@ -219,7 +219,7 @@ class OpenAIServingChat(OpenAIServingBase):
             result = self._apply_conversation_template(request, is_multimodal)
         return result
 
-    @_toolkit_tito.with_prompt_logprobs  # toolkit:tito
+    @_toolkit_tito.finish_chat_response  # toolkit:tito
     def _build_chat_response(self, request, ret, created):
         return ChatCompletionResponse(id="x")
 
@@ -283,7 +283,7 @@ class OpenAIServingChat(OpenAIServingBase):
             result = self._apply_jinja_template(request, None, is_multimodal)
         return result
 
-    @_toolkit_tito.with_prompt_logprobs  # toolkit:tito
+    @_toolkit_tito.finish_chat_response  # toolkit:tito
     def _build_chat_response(self, request, ret, created):
         return ChatCompletionResponse(id="x")
 

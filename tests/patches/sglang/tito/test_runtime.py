@@ -190,6 +190,23 @@ def test_omit_when_none_drops_only_none_fields():
     assert Model().serialize(None) == {"other": None}
 
 
+def test_metadata_becomes_strings_only_with_the_switch(monkeypatch):
+    spans = [{"version": "default", "start": 0, "end": 5}]
+
+    def build(self, request, ret, created):  # SGLang 0.5.23's metadata, a list among strings
+        return SimpleNamespace(metadata={"weight_version": "default", "weight_versions": spans})
+
+    finish = runtime.finish_chat_response(build)
+    request = SimpleNamespace(logprob_start_len=None)
+    monkeypatch.delenv("TOOLKIT_OPENAI_METADATA", raising=False)
+    assert finish(None, request, [{}], 0).metadata["weight_versions"] == spans  # upstream's answer
+    monkeypatch.setenv("TOOLKIT_OPENAI_METADATA", "1")
+    assert finish(None, request, [{}], 0).metadata == {
+        "weight_version": "default", "weight_versions": '[{"version":"default","start":0,"end":5}]'}
+    assert runtime.string_metadata({"weight_version": "v2"}) == {"weight_version": "v2"}
+    assert runtime.string_metadata(None) is None
+
+
 # --------------------------------------------------------------------------------------------------
 # fuzz: any JSON-ish body is accepted or refused with a ValueError naming a tito field
 

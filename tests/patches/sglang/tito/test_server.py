@@ -1,8 +1,8 @@
 """tito (with token-ids) on a real SGLang 0.5.23 CPU server, over HTTP, with the tiny model.
 
 One server for the module, on a private copy of the venv's ``sglang`` with both patches applied
-(see ../token_ids/private_sglang.py), started with the hermes tool-call parser and the test-only
-``sgl_kernel`` shim. Greedy decoding on the tiny random model is deterministic, so the templated
+(see ../token_ids/private_sglang.py), started with the hermes tool-call parser, ``TOOLKIT_OPENAI_METADATA=1``
+and the test-only ``sgl_kernel`` shim. Greedy decoding on the tiny random model is deterministic, so the templated
 path and the ``input_ids`` path must give the same ids exactly. Ends with a hypothesis fuzz of the
 request body: no 500, and the server still answers afterwards.
 """
@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.server]
 
 VERSION = "0.5.23"
 SERVER_ARGS = ["--tool-call-parser", "hermes"]
+SERVER_ENV = {"TOOLKIT_OPENAI_METADATA": "1"}  # metadata as strings, for verifiers' client (weight_versions)
 MESSAGES = [{"role": "user", "content": "Count from one to five."}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -51,7 +52,8 @@ def served(tmp_path_factory) -> Iterator[Served]:
     sha_before = sha256s(python)
     assert apply_patch(engine="sglang", patches=["token-ids", "tito"], python=python)
     try:
-        with EngineServer("sglang", python, model, SERVER_ARGS, env=sglang_env(), timeout=600) as server:
+        env = {**sglang_env(), **SERVER_ENV}
+        with EngineServer("sglang", python, model, SERVER_ARGS, env=env, timeout=600) as server:
             yield Served(server.openai_base_url, model, AutoTokenizer.from_pretrained(model), sha_before)
     finally:
         revert_patch(engine="sglang", patches=["token-ids", "tito"], python=python)
@@ -249,6 +251,16 @@ def test_tokens_route_takes_verifiers_body(served):
     choice = payload["choices"][0]
     assert [entry["token_id"] for entry in choice["logprobs"]["content"]] == choice["token_ids"]
     assert choice["token_ids"] == chat(served, messages=[], input_ids=ids, max_tokens=5)["choices"][0]["token_ids"]
+
+
+def test_verifiers_token_client_runs_unchanged(served):
+    """verifiers 0.3.1's own token client, two turns: turn 2 through SGLang's /tokenize (messages,
+    add_generation_prompt) and the tokens route, its prompt turn 1's ids then the template's rest
+    (tests/harness/verifiers_client.py). Needs TOOLKIT_OPENAI_METADATA: verifiers validates every
+    response with openai's ChatCompletion, whose metadata is strings only."""
+    from tests.harness.verifiers_client import assert_stitched, run_two_turns
+
+    assert_stitched(run_two_turns(served.url.removesuffix("/v1"), served.model, eos_id=3), served.tokenizer)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -217,3 +217,11 @@ def test_tokens_route_takes_tokens_as_the_prompt(http, tito_server):
     assert choice["token_ids"] == http.chat(input_ids=tokens, max_tokens=5).choices[0].token_ids
     bad = http.http.post("/v1/chat/completions/tokens", json=dict(body, tokens=[]))
     assert bad.status_code == 400 and "`tokens` must not be empty" in bad.json()["error"]["message"]
+
+
+def test_verifiers_token_client_runs_unchanged(tito_server, tokenizer):
+    """verifiers 0.3.1's own token client, two turns: turn 2 through /tokenize and the tokens route,
+    its prompt turn 1's ids then the template's rest (tests/harness/verifiers_client.py)."""
+    from tests.harness.verifiers_client import assert_stitched, run_two_turns
+
+    assert_stitched(run_two_turns(tito_server.base_url, tito_server.model, IM_END), tokenizer)
