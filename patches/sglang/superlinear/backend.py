@@ -7,8 +7,8 @@ the gather path, on CUDA the Triton kernels reading K/V straight from the pool, 
 captured in SGLang's CUDA graphs (static shapes, no host synchronisation). Cross-attention,
 encoder layers and sliding-window layers keep the torch_native path. Configuration: environment
 (``TOOLKIT_SUPERLINEAR_*``, see ``toolkit.patches.common.superlinear.config``), validated when the backend is
-built (server start-up). Works with SGLang 0.5.9 and 0.5.23 (their ``_run_sdpa_forward_*`` helpers
-differ only in trailing keyword arguments).
+built (server start-up). Works with every SGLang release 0.5.9-0.5.23 (their ``_run_sdpa_forward_*``
+helpers differ only in trailing keyword arguments; tests/patches/sglang/superlinear/test_releases.py).
 
 Runs inside SGLang's processes: imports SGLang, torch and the kernels, nothing of the patch engine.
 """

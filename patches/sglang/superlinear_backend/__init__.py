@@ -1,1 +1,1 @@
-"""The ``superlinear-backend`` patch for SGLang 0.5.9 (no plugin mechanism there): see ``patch.py``."""
+"""The ``superlinear-backend`` patch for SGLang 0.5.9 and 0.5.10 (no plugin mechanism there): see ``patch.py``."""

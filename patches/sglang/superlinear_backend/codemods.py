@@ -1,5 +1,5 @@
-"""The superlinear-backend edits for SGLang 0.5.9, one transformer per file; the backend is in
-``toolkit.patches.sglang.superlinear`` (shared with the 0.5.23 plugin).
+"""The superlinear-backend edits for SGLang 0.5.9 and 0.5.10, one transformer per file; the backend is in
+``toolkit.patches.sglang.superlinear`` (shared with the plugin of 0.5.11 on).
 
 attention_registry.py: ``superlinear`` registered next to the built-in backends.
 server_args.py: ``superlinear`` added to ``ATTENTION_BACKEND_CHOICES`` (the CLI's choices).

@@ -1,4 +1,4 @@
-"""What patched SGLang 0.5.9 calls: the ``superlinear`` backend name and factory (the 0.5.23 plugin's own).
+"""What patched SGLang 0.5.9/0.5.10 calls: the ``superlinear`` backend name and factory (the plugin's own).
 
 Imported by the patched ``attention_registry.py`` in every SGLang process: nothing of the patch engine.
 """
