@@ -121,3 +121,33 @@ def test_input_ids_that_leave_no_room_are_a_400(http, length, max_output_tokens,
     assert response.status_code == 400, response.text
     assert words in response.json()["error"]["message"]
     assert http.responses(input="hi", max_output_tokens=2).status_code == 200
+
+
+RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city.",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+CHAT_TOOLS = [{"type": "function", "function": {k: v for k, v in RESPONSES_TOOLS[0].items() if k != "type"}}]
+# With a prompt that ends reasoning, this regex makes the tiny model write a hermes tool call.
+TOOL_CALL_REGEX = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}\n</tool_call>'
+
+
+def test_tool_call_parsed_with_input_ids_streaming_and_not(http, tito_server):
+    """``input_ids`` that end reasoning (<think></think>) and a forced hermes call: the tool parser reads
+    the output as with ``input``, and the ids are chat's for the same prompt."""
+    prompt = http.chat(A, max_tokens=1)["prompt_token_ids"] + [4094, 4095]
+    forced = {"structured_outputs": {"regex": TOOL_CALL_REGEX}}
+    chat = http.http.post("/v1/chat/completions", json={
+        "model": http.model, "messages": A, "input_ids": prompt, "tools": CHAT_TOOLS, "max_tokens": 80,
+        "temperature": 0, **forced}).json()
+    body = {"input_ids": prompt, "tools": RESPONSES_TOOLS, "max_output_tokens": 80, **forced}
+    plain = http.responses(**body).json()
+    events = http.stream(**body)
+    final = events[-1]["response"]
+    for response in (plain, final):
+        assert response["prompt_token_ids"] == prompt
+        assert response["token_ids"] == chat["choices"][0]["token_ids"]
+        calls = [item for item in response["output"] if item["type"] == "function_call"]
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
+    if "responses-stream" in tito_server.patches:
+        from toolkit.patches.vllm.responses_stream.grammar import check_events
+
+        assert check_events(events) == []
