@@ -54,10 +54,10 @@ PROJECT_DEPS = ("libcst", "rich", "packaging")
 RECIPES: dict[str, dict] = {
     "dev": {
         "steps": [
-            ("pip", "numpy", "triton", "hypothesis", "pytest", "pytest-timeout", "libcst", "rich",
+            ("pip", "numpy", "triton", "hypothesis", "pytest", "pytest-timeout", "pytest-xdist", "libcst", "rich",
              "packaging", "transformers<5", "tokenizers", "safetensors", "openai", "httpx", "jinja2", "psutil", "matplotlib"),
         ],
-        "check": "import torch, numpy, triton, hypothesis, pytest, pytest_timeout, libcst, rich, packaging, "
+        "check": "import torch, numpy, triton, hypothesis, pytest, pytest_timeout, xdist, libcst, rich, packaging, "
                  "transformers, tokenizers, safetensors, openai, httpx, jinja2, psutil, matplotlib",
         "shim": False,
     },

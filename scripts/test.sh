@@ -43,7 +43,10 @@ phase "tiny model" "$DEV_PYTHON" scripts/make_tiny_model.py --cached >/dev/null
 
 set +e
 start=$SECONDS
-"$DEV_PYTHON" -m pytest -p no:cacheprovider "$@"
+# Two workers (pytest-xdist), a test file each at a time: much of a serial run waits on engine start-ups
+# and subprocesses, so two share the two cores well. Each worker gets its own copies of the engine venvs
+# (tests/harness/workers.py). TOOLKIT_TEST_WORKERS=0 runs serially; `-n 0` among the arguments too.
+"$DEV_PYTHON" -m pytest -p no:cacheprovider -n "${TOOLKIT_TEST_WORKERS:-2}" --dist loadfile "$@"
 code=$?
 printf '%s\t%s\n' "$((SECONDS - start))" "pytest (all)" >> "$PHASES"
 set -e

@@ -1,8 +1,8 @@
 """Shared fixtures (engine venvs, engine sources, the tiny model, the SGLang CPU shim) live in
 tests/harness/fixtures.py; every test folder sees them through this plugin line. tests/harness/phases.py
-times each folder."""
+times each folder; tests/harness/workers.py gives each parallel (xdist) worker its own engine venvs."""
 
-pytest_plugins = ["tests.harness.fixtures", "tests.harness.phases"]
+pytest_plugins = ["tests.harness.fixtures", "tests.harness.phases", "tests.harness.workers"]
 
 try:
     from hypothesis import HealthCheck, settings

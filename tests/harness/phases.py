@@ -23,7 +23,7 @@ def _folder(nodeid: str) -> str:
 def pytest_runtest_logreport(report) -> None:
     _SECONDS[_folder(report.nodeid)] += report.duration
     path = os.environ.get("TOOLKIT_DURATIONS_FILE")
-    if path and report.duration >= 1.0:  # each slow step as it ends, so a run still going can be read
+    if path and report.duration >= 1.0 and not os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: the controller  # each slow step as it ends, so a run still going can be read
         with open(path, "a") as handle:
             handle.write(f"{report.duration:.1f}\t{report.when}\t{report.nodeid}\n")
 

@@ -17,6 +17,7 @@ interpreter (this file, run as a script).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -52,12 +53,20 @@ def _index_reachable() -> tuple[bool, str]:
 def verifiers_python() -> Path:
     """The side venv's Python with verifiers installed (made on first use); skips the test when the
     package index cannot be reached, fails it when pip fails otherwise."""
-    import pytest
-
     from tests.harness.fixtures import ensure_engine_python, toolkit_cache_dir
 
-    dev_site = next(Path(ensure_engine_python("dev")).parent.parent.glob("lib/python3*/site-packages"))
+    # resolved: parallel test workers reach the one dev venv through their own caches' symlinks
+    dev_site = next(Path(ensure_engine_python("dev")).parent.parent.resolve().glob("lib/python3*/site-packages"))
     root = toolkit_cache_dir() / "side-venvs" / "verifiers"
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / ".verifiers.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time (test workers share side-venvs/)
+        return _build(root, dev_site)
+
+
+def _build(root: Path, dev_site: Path) -> Path:
+    import pytest
+
     python = root / "bin" / "python"
     stamp = root / ".requirements"
     wanted = json.dumps([REQUIREMENTS, str(dev_site)])

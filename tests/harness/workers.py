@@ -1,0 +1,75 @@
+"""Parallel test workers (pytest-xdist; scripts/test.sh runs ``-n 2``): each worker its own engine venvs.
+
+Tests apply, revert and restore patches in the engine venvs and start servers from them; two workers
+sharing a venv would see each other's patches. So each xdist worker runs on a private cache
+``<cache>/workers/<worker>``: the engine venvs are hard-linked copies (the patch engine and
+``restore_pristine`` write by rename, so a copy is never written through) with the paths in their
+``bin/`` launchers re-pointed at the copy; the dev venv (no test patches it) and everything else in
+the cache (models, sources, side venvs) are the shared ones, by symlink. A copy takes seconds and is
+made afresh at each worker's start, so nothing a killed run left carries over.
+
+Without xdist (a plain ``pytest``), nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+SHARED_VENVS = ("dev",)  # never patched by a test: shared, so paths derived from it agree across workers
+# Made in the shared cache before the symlinks, so what a worker builds there (slim trees, side venvs)
+# stays for the next run instead of dying with the worker's cache.
+SHARED_DIRS = ("models", "sources", "sources-slim", "side-venvs")
+
+
+def _is_built_venv(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and (path / ".toolkit-env.json").is_file()
+
+
+def _repoint_launchers(copy: Path, shared_venvs: Path, private_venvs: Path) -> None:
+    """Rewrite ``shared_venvs`` to ``private_venvs`` in the copy's bin/ text files (shebangs, overlay
+    wrappers). Each rewritten file is a new file: the shared one keeps its bytes."""
+    old, new = str(shared_venvs).encode(), str(private_venvs).encode()
+    for path in (copy / "bin").iterdir() if (copy / "bin").is_dir() else ():
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if old not in data or b"\0" in data[:1024]:
+            continue
+        tmp = path.with_name(path.name + ".toolkit-tmp")
+        tmp.write_bytes(data.replace(old, new))
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+
+
+def make_worker_cache(shared: Path, private: Path) -> None:
+    shutil.rmtree(private, ignore_errors=True)
+    (private / "venvs").mkdir(parents=True)
+    for name in SHARED_DIRS:
+        (shared / name).mkdir(parents=True, exist_ok=True)
+    for entry in shared.iterdir() if shared.is_dir() else ():
+        if entry.name not in ("venvs", "workers"):
+            (private / entry.name).symlink_to(entry)
+    shared_venvs, private_venvs = shared / "venvs", private / "venvs"
+    for venv in sorted(shared_venvs.iterdir()) if shared_venvs.is_dir() else ():
+        if not _is_built_venv(venv):
+            continue
+        if venv.name in SHARED_VENVS:
+            (private_venvs / venv.name).symlink_to(venv)
+            continue
+        subprocess.run(["cp", "-al", str(venv), str(private_venvs / venv.name)], check=True)
+        _repoint_launchers(private_venvs / venv.name, shared_venvs, private_venvs)
+
+
+def pytest_configure(config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    from tests.harness.fixtures import toolkit_cache_dir
+
+    shared = toolkit_cache_dir()
+    private = shared / "workers" / worker
+    make_worker_cache(shared, private)
+    os.environ["TOOLKIT_CACHE_DIR"] = str(private)
