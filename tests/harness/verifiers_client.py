@@ -9,10 +9,10 @@ to judge. verifiers falls back silently to plain messages when it cannot stitch 
 request log is what tells the two apart.
 
 verifiers is not a dependency of this project: it lives in a side venv under
-``$TOOLKIT_CACHE_DIR/side-venvs/verifiers`` (made on first use): a venv whose ``.pth`` adds the dev
-venv's site-packages (openai, pydantic, httpx: the very same), plus ``pip install --no-deps`` of
-verifiers and the few pure-Python packages its client modules import. The client runs in that
-interpreter (this file, run as a script).
+``$TOOLKIT_CACHE_DIR/side-venvs/verifiers`` (made on first use): a venv whose ``.pth`` adds the test
+interpreter's site-packages (the dev venv's: openai, pydantic, httpx, the very same), plus
+``pip install --no-deps`` of verifiers and the few pure-Python packages its client modules import.
+The client runs in that interpreter (this file, run as a script).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
@@ -53,10 +54,11 @@ def _index_reachable() -> tuple[bool, str]:
 def verifiers_python() -> Path:
     """The side venv's Python with verifiers installed (made on first use); skips the test when the
     package index cannot be reached, fails it when pip fails otherwise."""
-    from tests.harness.fixtures import ensure_engine_python, toolkit_cache_dir
+    from tests.harness.fixtures import toolkit_cache_dir
 
-    # resolved: parallel test workers reach the one dev venv through their own caches' symlinks
-    dev_site = next(Path(ensure_engine_python("dev")).parent.parent.resolve().glob("lib/python3*/site-packages"))
+    # the tests' own interpreter (the dev venv; asking scripts/envs.py for it from inside it fails when its
+    # recipe changed); resolved: parallel test workers reach the one dev venv through their caches' symlinks
+    dev_site = Path(sysconfig.get_paths()["purelib"]).resolve()
     root = toolkit_cache_dir() / "side-venvs" / "verifiers"
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(root.parent / ".verifiers.lock", "w") as lock:
