@@ -39,11 +39,9 @@ SGLANG_GROUP_RELEASES = ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.1
 # Those whose serving-layer tests (tests/patches/sglang/<patch>/test_serving.py) run in CI and pass: the
 # releases each patch declares are these groups (scripts/compat_matrix.py --check says where not).
 SGLANG_PROVED = {
-    "token-ids": ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.18",
-                  "0.5.19", "0.5.21", "0.5.22", "0.5.23"),
+    "token-ids": SGLANG_GROUP_RELEASES,
     # tito's tests also apply token-ids: a release is here only where token-ids is declared too
-    "tito": ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.18",
-             "0.5.19", "0.5.21", "0.5.22", "0.5.23"),
+    "tito": SGLANG_GROUP_RELEASES,
     # tests/patches/sglang/superlinear/test_releases.py: the patch where SGLang has no plugin mechanism
     # (before 0.5.11), the sglang.srt.plugins entry point (no patch) from 0.5.11 on; every release is
     # its own group (the registry, CLI and utils files differ in each; 0.5.12.post1 and 0.5.13.post1

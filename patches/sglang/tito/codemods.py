@@ -1,6 +1,6 @@
 """The tito edits, one transformer per SGLang file; the logic they call is in ``runtime.py``.
 
-protocol.py: ``input_ids`` (0.5.23 has it already) and ``logprob_start_len`` on
+protocol.py: ``input_ids`` (0.5.13 on have it already) and ``logprob_start_len`` on
 ``ChatCompletionRequest`` plus a "before" validator that calls the runtime; ``token_id`` on
 ``TopLogprob`` and ``ChatCompletionTokenLogprob``; ``prompt_logprobs`` on ``ChatCompletionResponse``,
 left out of the JSON when None.
@@ -9,17 +9,17 @@ http_server.py: ``openai_v1_chat_completions`` also answers ``/v1/chat/completio
 (prime-rl / verifiers' token route; the validator maps its ``tokens`` field to ``input_ids``).
 
 serving_chat.py (``OpenAIServingChat``): ``_validate_request`` lets ``messages`` be empty when
-``input_ids`` are sent; ``_process_messages`` skips the chat template for ``input_ids`` (0.5.23 has
+``input_ids`` are sent; ``_process_messages`` skips the chat template for ``input_ids`` (0.5.13 on have
 that branch already: it is checked, not edited); ``_convert_to_internal_request`` is decorated (ids
 checked against the model, ``logprob_start_len`` passed on); ``_build_chat_response`` is decorated
-(``prompt_logprobs``); the logprob builders are decorated (``token_id``).
+(``prompt_logprobs``); the logprob builders are decorated (``token_id``): the raw-triple builder where
+the release has one (0.5.21 on), else its two callers. Each choice is made by what the code has.
 """
 
 from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from packaging.version import Version
 
 from toolkit.codemod import (MODULE, AnchoredTransformer, PatchContext, after_last_field, has_params, in_method,
                              is_field, with_body)
@@ -30,7 +30,6 @@ from toolkit.patches.sglang.token_ids.codemods import (
 RUNTIME = "_toolkit_tito"
 PACKAGE = "toolkit.patches.sglang.tito"
 SERVING = "OpenAIServingChat"
-NEW_API = Version("0.5.23")  # input_ids upstream; logprob entries built from the engine's raw triples
 
 
 # --------------------------------------------------------------------------------------------------
@@ -118,15 +117,14 @@ class ServingChatTransformer(AnchoredTransformer):
         "_convert_to_internal_request": "OpenAIServingChat._convert_to_internal_request(self, request, ...)",
         "_build_chat_response": "OpenAIServingChat._build_chat_response(self, request, ret, ...)",
     }
-    OLD_ANCHORS = {
+    # one of each pair, by what the release has (visit_Module)
+    PATH_ANCHORS = {
         "template-branch": "`if self.template_manager.chat_template_name is None:` in "
         "OpenAIServingChat._process_messages (input_ids go first)",
-        "_process_response_logprobs": "OpenAIServingChat._process_response_logprobs(self, ret_item)",
-        "_process_streaming_logprobs": "OpenAIServingChat._process_streaming_logprobs(self, content, n_prev_token)",
-    }
-    NEW_ANCHORS = {
         "input-ids-branch": "`if request.input_ids is not None:` in OpenAIServingChat._process_messages "
         "(upstream's template bypass, relied on, not edited)",
+        "_process_response_logprobs": "OpenAIServingChat._process_response_logprobs(self, ret_item)",
+        "_process_streaming_logprobs": "OpenAIServingChat._process_streaming_logprobs(self, content, n_prev_token)",
         "_build_token_logprobs_from_raw": "OpenAIServingChat._build_token_logprobs_from_raw(self, "
         "output_token_logprobs, output_top_logprobs)",
     }
@@ -142,8 +140,24 @@ class ServingChatTransformer(AnchoredTransformer):
 
     def __init__(self, context: PatchContext) -> None:
         super().__init__(context)
-        self.new_api = context.version >= NEW_API
-        self.anchors.update(self.NEW_ANCHORS if self.new_api else self.OLD_ANCHORS)
+        self.native_input_ids = False  # decided in visit_Module, from the code
+        self.raw_logprobs = False
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        # Each path by what the release's OpenAIServingChat has, never by its version number: its own
+        # `if request.input_ids is not None:` template bypass in _process_messages (0.5.13 on) is relied
+        # on, else ours goes before the template branch; where every logprob entry is built by
+        # _build_token_logprobs_from_raw (0.5.21 on) that builder is decorated, else the two callers.
+        methods = {statement.name.value: statement for statement in _class_body(node, SERVING)
+                   if isinstance(statement, cst.FunctionDef)}
+        process = methods.get("_process_messages")
+        self.native_input_ids = process is not None and bool(m.findall(process, m.If(test=INPUT_IDS_TEST)))
+        self.raw_logprobs = "_build_token_logprobs_from_raw" in methods
+        for anchor in ("input-ids-branch" if self.native_input_ids else "template-branch",
+                       *(("_build_token_logprobs_from_raw",) if self.raw_logprobs else
+                         ("_process_response_logprobs", "_process_streaming_logprobs"))):
+            self.anchors[anchor] = self.PATH_ANCHORS[anchor]
+        return True
 
     @m.leave(m.FunctionDef(name=m.OneOf(*(m.Name(name) for name in DECORATED))))
     @m.call_if_inside(m.ClassDef(name=m.Name(SERVING)))
@@ -170,14 +184,14 @@ class ServingChatTransformer(AnchoredTransformer):
     @m.leave(m.If(test=INPUT_IDS_TEST))
     @in_method(SERVING, "_process_messages")
     def upstream_input_ids_branch(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
-        if self.new_api:
+        if self.native_input_ids:
             self.hit("input-ids-branch")
         return updated_node
 
     @m.leave(m.If(test=TEMPLATE_TEST))
     @in_method(SERVING, "_process_messages")
     def input_ids_skip_the_template(self, original_node: cst.If, updated_node: cst.If) -> cst.BaseStatement:
-        if self.new_api:
+        if self.native_input_ids:
             return updated_node
         self.hit("template-branch")
         branch = self.marked_statement(
@@ -186,6 +200,14 @@ class ServingChatTransformer(AnchoredTransformer):
         )
         return branch.with_changes(leading_lines=updated_node.leading_lines,
                                    orelse=updated_node.with_changes(leading_lines=[]))
+
+
+def _class_body(module: cst.Module, name: str) -> list[cst.BaseStatement]:
+    """The statements of the module-level class ``name`` (none when it has no such class)."""
+    for statement in module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value == name:
+            return list(statement.body.body)
+    return []
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The token-ids edits, one transformer per SGLang file; the logic they call is in ``runtime.py``.
 
-protocol.py: ``return_token_ids`` on the chat request (0.5.23 has it already), ``prompt_token_ids``
-on the response and ``token_ids`` on its choices, left out of the JSON when None.
+protocol.py: ``return_token_ids`` on the chat request (0.5.17 on have it already), ``prompt_token_ids``
+on the response and ``token_ids`` on its choices (0.5.17 has its own), left out of the JSON when None.
 
 serving_chat.py: the chat stream generator is wrapped and its engine outputs tapped (streaming);
 the built non-streaming response gets its ids; the rejection of ``return_token_ids`` on stream
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import libcst as cst
 import libcst.matchers as m
-from packaging.version import Version
 
 from toolkit.codemod import AnchoredTransformer, PatchContext, after_last_field, has_params, in_method, is_field, self_call
 
@@ -52,7 +51,7 @@ class ProtocolTransformer(AnchoredTransformer):
         self.hit("ChatCompletionRequest")
         body = list(updated_node.body.body)
         if any(is_field(statement, "return_token_ids") for statement in body):
-            return updated_node  # 0.5.23 has its own
+            return updated_node  # 0.5.17 on have their own
         body = after_last_field(body, self.marked_statement("return_token_ids: bool = False"))
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 
@@ -64,6 +63,12 @@ class ProtocolTransformer(AnchoredTransformer):
         serializers = [position for position, statement in enumerate(body) if isinstance(statement, cst.FunctionDef)
                        and any(m.matches(decorator, WRAP_SERIALIZER) for decorator in statement.decorators)]
         if not serializers:
+            return updated_node
+        if any(is_field(statement, field) for statement in body):
+            # The release's own field (0.5.17's ChatCompletionResponseChoice.token_ids): the runtime fills
+            # it, the release's serializer decides how it is written, as it does unpatched.
+            for _ in serializers:
+                self.hit(f"{name}.serializer")
             return updated_node
         for position in serializers:
             self.hit(f"{name}.serializer")
@@ -90,7 +95,7 @@ class ServingChatTransformer(AnchoredTransformer):
         "engine-outputs": "its `async for` over self.tokenizer_manager.generate_request(...)",
         "_build_chat_response-call": "self._build_chat_response(request, ret, ...) in _handle_non_streaming_request",
     }
-    # 0.5.23 added its own return_token_ids (non-streaming only) and rejects it on stream requests.
+    # 0.5.17 added its own return_token_ids (non-streaming only) and rejects it on stream requests.
     STREAM_CHECK = (
         "stream-return-token-ids-check",
         "`if request.return_token_ids: raise ...` in _convert_to_internal_request (removed)",
@@ -98,16 +103,13 @@ class ServingChatTransformer(AnchoredTransformer):
 
     def __init__(self, context: PatchContext) -> None:
         super().__init__(context)
-        self.rejects_stream_token_ids = context.version >= Version("0.5.23")
-        if self.rejects_stream_token_ids:
-            self.anchors[self.STREAM_CHECK[0]] = self.STREAM_CHECK[1]
+        self.rejects_stream_token_ids = False
         self._adapted_request: str | None = None
 
     def visit_Module(self, node: cst.Module) -> bool:
         # Every release that reads its own request.return_token_ids (0.5.17 on, by structure rather than
         # by number) also rejects it on stream requests: that check must be found and goes.
-        if not self.rejects_stream_token_ids and m.findall(
-                node, m.Attribute(value=m.Name("request"), attr=m.Name("return_token_ids"))):
+        if m.findall(node, m.Attribute(value=m.Name("request"), attr=m.Name("return_token_ids"))):
             self.rejects_stream_token_ids = True
             self.anchors[self.STREAM_CHECK[0]] = self.STREAM_CHECK[1]
         return True
@@ -152,7 +154,7 @@ class ServingChatTransformer(AnchoredTransformer):
             args=[cst.Arg(updated_node), cst.Arg(request), cst.Arg(cst.Name(self._adapted_request)), cst.Arg(outputs)],
         )
 
-    # 0.5.23: stream requests may ask for return_token_ids
+    # 0.5.17 on: stream requests may ask for return_token_ids
 
     @m.leave(m.If(
         test=m.Attribute(value=m.Name("request"), attr=m.Name("return_token_ids")),

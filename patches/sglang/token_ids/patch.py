@@ -8,7 +8,7 @@ CODEMODS = "toolkit.patches.sglang.token_ids.codemods"
 PATCH = Patch(
     id="token-ids",
     engine="sglang",
-    versions=">=0.5.9,<=0.5.23,!=0.5.17.*,!=0.5.20.*",  # releases between whose group has no passing serving-layer run: excluded
+    versions=">=0.5.9,<=0.5.23",
     files=(
         FileEdit("srt/entrypoints/openai/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
         FileEdit("srt/entrypoints/openai/serving_chat.py", (f"{CODEMODS}:ServingChatTransformer",)),

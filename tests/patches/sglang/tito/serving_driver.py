@@ -2,7 +2,7 @@
 
     <sglang venv python> serving_driver.py MODEL_DIR
 
-Run by test_serving.py in an SGLang venv (0.5.9 or 0.5.23), patched or not; not a test module. It
+Run by test_serving.py in an SGLang venv of every group, patched or not; not a test module. It
 reuses the token-ids driver's pieces (``tests/patches/sglang/token_ids/serving_driver.py``): the real
 ``OpenAIServingChat``, ``ServerArgs``, ``TemplateManager``, tokenizer, chat template and parsers,
 and the scripted tokenizer manager, which records every engine request it gets and gives SGLang's

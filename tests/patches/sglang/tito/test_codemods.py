@@ -308,12 +308,14 @@ def test_serving_chat_0_5_23_relies_on_its_own_input_ids_branch_and_decorates_th
      "_convert_to_internal_request"),
     ("0.5.9", SERVING_BEFORE_0_5_9, ("def _process_streaming_logprobs", "def _stream_logprobs"),
      "_process_streaming_logprobs"),
-    ("0.5.23", SERVING_BEFORE_0_5_23, ("if request.input_ids is not None:", "if request.prompt_ids is not None:"),
-     "input-ids-branch"),
     ("0.5.23", SERVING_BEFORE_0_5_23, ("_build_chat_response(self, request, ret,", "_build_chat_response(self, request, outputs,"),
      "_build_chat_response"),
-    ("0.5.23", SERVING_BEFORE_0_5_23, ("def _build_token_logprobs_from_raw", "def _logprobs_from_raw"),
+    ("0.5.23", SERVING_BEFORE_0_5_23, ("_build_token_logprobs_from_raw(self, output_token_logprobs,",
+                                       "_build_token_logprobs_from_raw(self, token_logprobs,"),
      "_build_token_logprobs_from_raw"),
+    # without the raw builder, its two callers are what must be there
+    ("0.5.23", SERVING_BEFORE_0_5_23, ("def _build_token_logprobs_from_raw", "def _logprobs_from_raw"),
+     "_process_response_logprobs"),
 ])
 def test_serving_chat_missing_structure_names_its_anchor(version, before, change, anchor):
     changed = before.replace(*change)
@@ -321,6 +323,28 @@ def test_serving_chat_missing_structure_names_its_anchor(version, before, change
     with pytest.raises(AnchorError, match=rf"anchor {anchor} .* not found") as error:
         patched(SERVING_CHAT, changed, version)
     assert error.value.engine_version == version
+
+
+# 0.5.13-0.5.20: their own input_ids branch, but logprob entries built by the two callers
+SERVING_BEFORE_0_5_13 = SERVING_BEFORE_0_5_23.replace(
+    SERVING_BEFORE_0_5_23[SERVING_BEFORE_0_5_23.index("    def _build_token_logprobs_from_raw"):],
+    SERVING_BEFORE_0_5_9[SERVING_BEFORE_0_5_9.index("    def _process_response_logprobs"):])
+
+
+def test_serving_chat_paths_are_chosen_by_the_code_not_the_version():
+    """The 0.5.13-0.5.20 shape, whatever version it is given: upstream's input_ids branch is relied on
+    and the two logprob callers are decorated; without upstream's branch, ours goes in."""
+    for version in ("0.5.9", "0.5.15", "0.5.23"):
+        after = patched(SERVING_CHAT, SERVING_BEFORE_0_5_13, version)
+        assert "has_input_ids(request):  # toolkit:tito\n            result" not in after
+        assert "if request.input_ids is not None:\n" in after
+        assert "@_toolkit_tito.response_logprob_ids" in after and "@_toolkit_tito.stream_logprob_ids" in after
+    assert patched(SERVING_CHAT, SERVING_BEFORE_0_5_9, "0.5.23") == SERVING_AFTER_0_5_9
+    without_branch = SERVING_BEFORE_0_5_23.replace("if request.input_ids is not None:",
+                                                   "if request.prompt_ids is not None:")
+    after = patched(SERVING_CHAT, without_branch, "0.5.23")
+    assert "        elif _toolkit_tito.has_input_ids(request):  # toolkit:tito\n" in after
+    assert "@_toolkit_tito.logprob_ids_from_raw" in after
 
 
 def test_only_openai_serving_chat_is_edited():

@@ -1,11 +1,14 @@
-"""tito on SGLang's real ``OpenAIServingChat``, 0.5.9 and 0.5.23, applied and reverted through the API.
+"""tito on SGLang's real ``OpenAIServingChat``, on every SGLang group, applied and reverted through the API.
 
 For each version, on a private copy of the venv's ``sglang`` (the shared venv is never written),
-``serving_driver.py`` runs three times: unpatched, with tito alone, and with token-ids and tito
-together. It drives the real serving class (tiny model's tokenizer and chat template, hermes
-tool-call and qwen3 reasoning parsers) with a scripted tokenizer manager that records what the
-engine is asked and answers with real token ids and SGLang's logprob triples; see the token-ids
-driver it reuses. Every case is a request body; see ``cases_for`` in the driver.
+``serving_driver.py`` runs three times: with tito alone, with token-ids and tito together, and after
+both are reverted, the upstream baseline (its files checked byte-identical to the release's; it runs
+after the patched code ran from the same copy, so a stale module the revert left would show as tito's
+behaviour, which the baseline tests rule out). It drives the real serving class (tiny model's
+tokenizer and chat template, hermes tool-call and qwen3 reasoning parsers) with a scripted tokenizer
+manager that records what the engine is asked and answers with real token ids and SGLang's logprob
+triples; see the token-ids driver it reuses. Every case is a request body; see ``cases_for`` in the
+driver.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def drive(python: str, model: str) -> dict:
 @dataclass
 class Runs:
     version: str
-    unpatched: dict
+    unpatched: dict  # the baseline: both reverted
     tito: dict  # tito alone
     both: dict  # token-ids and tito
     sha_before: dict[str, str]
@@ -68,7 +71,6 @@ def runs(request, tmp_path_factory) -> Runs:
         return {patch: {row.state for row in rows if row.patch_id == patch} for patch in ("token-ids", "tito")}  # only ours
 
     sha_before = sha256s(python)
-    unpatched = drive(python, model)
     assert apply_patch(engine="sglang", patches=["tito"], python=python) is True
     try:
         sha_tito = sha256s(python)
@@ -81,7 +83,7 @@ def runs(request, tmp_path_factory) -> Runs:
         assert sha256s(python) == sha_tito
     finally:
         revert_patch(engine="sglang", patches=["tito", "token-ids"], python=python)
-    return Runs(version, unpatched, tito, both, sha_before, sha_tito, sha256s(python),
+    return Runs(version, drive(python, model), tito, both, sha_before, sha_tito, sha256s(python),
                 {"both": both_states["tito"] | both_states["token-ids"], **{f"reverted-{k}": v for k, v in states().items()}})
 
 
@@ -101,13 +103,10 @@ def skip_where_upstream_streams_other_logprobs(runs: Runs, scenario: str, mode: 
                         f"its non-streamed answer (choice {index}: {len(got)} entries vs {len(want)})")
 
 
-def old_path(runs: Runs) -> bool:
-    """Whether the codemods took their pre-0.5.23 path on this release (they choose by version)."""
-    from packaging.version import Version
-
-    from toolkit.patches.sglang.tito.codemods import NEW_API
-
-    return Version(runs.version) < NEW_API
+def logprobs_by_callers(runs: Runs) -> bool:
+    """Whether the release builds logprob entries in its two callers (before 0.5.21: no
+    ``_build_token_logprobs_from_raw``), where the patch decorates those (as the codemods choose)."""
+    return not runs.unpatched["features"]["raw_logprobs"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +180,7 @@ def test_requests_without_tito_fields_are_byte_identical_to_the_unpatched_engine
         for mode in ("cumulative", "incremental"):  # with logprobs: the same, plus token_id
             k = f"{scenario}/messages_logprobs/{stream}/{mode}"
             got, want = response_json(runs.tito["cases"][k]), response_json(runs.unpatched["cases"][k])
-            if old_path(runs) and stream == "stream":  # tito rebuilds the stream tops there
+            if logprobs_by_callers(runs) and stream == "stream":  # tito rebuilds the stream tops there
                 got, want = without_tops(got), without_tops(want)
             assert without_token_id(got) == want, k
 

@@ -1,8 +1,8 @@
 """Drive SGLang's real ``OpenAIServingChat`` with a scripted tokenizer manager; hand back JSON (tests/harness/channel.py).
 
-    <sglang venv python> serving_driver.py MODEL_DIR
+    <sglang venv python> serving_driver.py MODEL_DIR [--server-wide-too]
 
-Run by test_serving.py in an SGLang venv (0.5.9 or 0.5.23), patched or not; not a test module. The
+Run by test_serving.py in an SGLang venv of every group, patched or not; not a test module. The
 real pieces: ``OpenAIServingChat``, ``ServerArgs``, ``TemplateManager``, the model's tokenizer and
 chat template, SGLang's tool-call and reasoning parsers. The tokenizer manager is a stand-in whose
 ``generate_request`` yields the output dicts the real one does (``{"text", "output_ids",
@@ -63,6 +63,8 @@ FEATURES = {
     "own_token_ids": "return_token_ids" in ChatCompletionRequest.model_fields,
     # 0.5.13+: its own input_ids on chat requests (messages still required)
     "native_input_ids": "input_ids" in ChatCompletionRequest.model_fields,
+    # 0.5.21+: every logprob entry built from the engine's raw triples by one method
+    "raw_logprobs": hasattr(OpenAIServingChat, "_build_token_logprobs_from_raw"),
 }
 INCREMENTAL_FLAG = "incremental_streaming_output" if FEATURES["text_deltas"] else "stream_output"
 
@@ -236,12 +238,28 @@ async def run_case(serving: OpenAIServingChat, body: dict):
     return {"status": response.status_code, "body": bytes(response.body).decode()}
 
 
-async def main(model: str) -> dict:
+SERVER_WIDE = "TOOLKIT_RETURN_TOKEN_IDS"
+
+
+async def main(model: str, server_wide_too: bool = False) -> dict:
+    """Every case; with ``server_wide_too``, the vanilla cases once more under ``TOOLKIT_RETURN_TOKEN_IDS=1``
+    (the runtime reads it per request), as ``result["server_wide"]["cases"]``: no second SGLang import."""
     tokenizer = AutoTokenizer.from_pretrained(model)
+    result = await run_cases(model, tokenizer, (("vanilla", {}), ("ids", {"return_token_ids": True})))
+    if server_wide_too:
+        os.environ[SERVER_WIDE] = "1"
+        try:
+            result["server_wide"] = await run_cases(model, tokenizer, (("vanilla", {}),), own_flags=False)
+        finally:
+            del os.environ[SERVER_WIDE]
+    return result
+
+
+async def run_cases(model: str, tokenizer, kinds, own_flags: bool = True) -> dict:
     result: dict = {
         "version": str(VERSION),
         "features": FEATURES,
-        "env": os.environ.get("TOOLKIT_RETURN_TOKEN_IDS"),
+        "env": os.environ.get(SERVER_WIDE),
         "eos": tokenizer.eos_token_id,
         "prompt_ids": {},
         "completions": {},
@@ -261,13 +279,13 @@ async def main(model: str) -> dict:
                 tokenizer.apply_chat_template(MESSAGES, tools=[t.model_dump() for t in tools] if tools else None,
                                               add_generation_prompt=True, tokenize=True, return_dict=False)
             )
-            for kind, flags in (("vanilla", {}), ("ids", {"return_token_ids": True})):
+            for kind, flags in kinds:
                 for stream in (False, True):
                     body = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 64,
                             "stream": stream, **extra, **flags}
                     key = f"{name}/{kind}/{'stream' if stream else 'nonstream'}/{mode}"
                     result["cases"][key] = await run_case(serving, body)
-    if FEATURES["own_prompt_token_ids"]:  # the release's own flags, non-streaming, and its 400 for a stream
+    if own_flags and FEATURES["own_prompt_token_ids"]:  # the release's own flags, non-streaming, and its 400 for a stream
         serving = serving_for(model, tokenizer, {}, False)
         manager = serving.tokenizer_manager
         manager.completions = [tokenizer.encode("Own flags.", add_special_tokens=False) + [tokenizer.eos_token_id]]
@@ -283,4 +301,4 @@ async def main(model: str) -> dict:
 
 
 if __name__ == "__main__":
-    write_result(asyncio.run(main(sys.argv[1])))
+    write_result(asyncio.run(main(sys.argv[1], server_wide_too="--server-wide-too" in sys.argv[2:])))

@@ -126,6 +126,28 @@ def test_protocol_keeps_a_return_token_ids_field_the_engine_already_has():
     assert patched(PROTOCOL, before, "0.5.23") == after
 
 
+def test_protocol_keeps_a_token_ids_choice_field_the_engine_already_has():
+    # 0.5.17 declares its own ChatCompletionResponseChoice.token_ids (and drops it when None): no second
+    # field, its serializer left as the release wrote it
+    own = """    hidden_states: Optional[object] = None
+    token_ids: Optional[List[int]] = None
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler):
+        data = handler(self)
+        if self.hidden_states is None:
+            data.pop("hidden_states", None)
+        if self.token_ids is None:
+            data.pop("token_ids", None)
+        return data
+"""
+    choice = PROTOCOL_BEFORE[PROTOCOL_BEFORE.index("    hidden_states"):PROTOCOL_BEFORE.index("\n\nclass ChatCompletionResponse(")]
+    before = PROTOCOL_BEFORE.replace(choice, own.rstrip("\n"))
+    after = patched(PROTOCOL, before, "0.5.17")
+    assert own in after and after.count("\n    token_ids: ") == 1
+    assert "omit_when_none(\"token_ids\")" not in after and "omit_when_none(\"prompt_token_ids\")" in after
+
+
 def test_protocol_without_a_response_serializer_names_the_missing_anchor():
     before = PROTOCOL_BEFORE.replace(
         '''    choices: List[ChatCompletionResponseChoice]
@@ -252,10 +274,14 @@ def test_serving_chat_lets_0_5_23_stream_requests_ask_for_return_token_ids():
     assert patched(SERVING_CHAT, SERVING_BEFORE, "0.5.23") == SERVING_AFTER_0_5_23
 
 
-def test_serving_chat_0_5_23_without_the_stream_check_names_the_anchor():
+def test_serving_chat_reading_its_own_return_token_ids_without_the_stream_check_names_the_anchor():
+    # chosen by what the code reads, not by the version: a release with its own flag must have the check
+    before = SERVING_BEFORE_0_5_9.replace("stream=request.stream)", "stream=request.stream, "
+                                          "return_prompt_token_ids=request.return_token_ids)")
+    assert before != SERVING_BEFORE_0_5_9
     with pytest.raises(AnchorError, match=r"stream-return-token-ids-check .* not found") as error:
-        patched(SERVING_CHAT, SERVING_BEFORE_0_5_9, "0.5.23")
-    assert error.value.engine_version == "0.5.23"
+        patched(SERVING_CHAT, before, "0.5.9")
+    assert error.value.engine_version == "0.5.9"
 
 
 @pytest.mark.parametrize(
