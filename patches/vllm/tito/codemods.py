@@ -279,11 +279,14 @@ RESPONSES_RENDERED = m.SimpleStatementLine(body=[m.Assign(
 
 class ResponsesServingTransformer(AnchoredTransformer):
     RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
-    INSIDE = {"OpenAIServingResponses": frozenset({"_create_responses", "responses_full_generator"})}
+    INSIDE = {"OpenAIServingResponses": frozenset({"_create_responses", "responses_full_generator",
+                                                   "responses_stream_generator"})}
     ANCHORS = {
         "responses-rendered": "`engine_inputs = [render_result.engine_input]` in OpenAIServingResponses._create_responses",
         "response-made": "`response = ResponsesResponse.from_request(...)` in "
                          "OpenAIServingResponses.responses_full_generator",
+        "stream-event": "`yield event_data` (each event of the stream's processor) in "
+                        "OpenAIServingResponses.responses_stream_generator",
     }
 
     @m.leave(m.IndentedBlock())
@@ -297,4 +300,14 @@ class ResponsesServingTransformer(AnchoredTransformer):
     @in_method("OpenAIServingResponses", "responses_full_generator")
     def response_token_ids(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         return after_matching(self, updated_node, RESPONSE_MADE, "response-made",
-                              f"response = {RUNTIME}.with_response_token_ids(request, response, context)")
+                              f"response = {RUNTIME}.with_response_token_ids(request, response, context, tokenizer)")
+
+    @m.leave(m.SimpleStatementLine(body=[m.Expr(m.Yield(m.Name("event_data")))]))
+    @in_method("OpenAIServingResponses", "responses_stream_generator")
+    def item_done_token_ids(self, original_node: cst.SimpleStatementLine,
+                            updated_node: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+        """Each streamed event passes through the runtime, which puts ``token_ids`` on the item of an
+        ``output_item.done`` (per-item ids, the same as on the final response's items)."""
+        self.hit("stream-event")
+        event = cst.parse_expression(f"{RUNTIME}.with_item_done_token_ids(request, event_data, context, tokenizer)")
+        return self.marked_line(updated_node.with_changes(body=[cst.Expr(cst.Yield(event))]))

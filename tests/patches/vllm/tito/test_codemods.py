@@ -310,7 +310,7 @@ class OpenAIServingResponses(GenerateBaseServing):
 
         request_metadata = RequestResponseMetadata(request_id=request.request_id)
 
-    async def responses_full_generator(self, request, sampling_params, result_generator, context):
+    async def responses_full_generator(self, request, sampling_params, result_generator, context, tokenizer):
         usage = ResponseUsage(input_tokens=1)
         response = ResponsesResponse.from_request(
             request,
@@ -321,6 +321,12 @@ class OpenAIServingResponses(GenerateBaseServing):
         if request.store:
             self.response_store[response.id] = response
         return response
+
+    async def responses_stream_generator(self, request, sampling_params, result_generator, context,
+                                         model_name, tokenizer):
+        async for event_data in processor(request, context, tokenizer):
+            yield event_data
+        yield final_event
 '''
 RESPONSES_SERVING_AFTER = '''\
 import asyncio
@@ -335,18 +341,24 @@ class OpenAIServingResponses(GenerateBaseServing):
 
         request_metadata = RequestResponseMetadata(request_id=request.request_id)
 
-    async def responses_full_generator(self, request, sampling_params, result_generator, context):
+    async def responses_full_generator(self, request, sampling_params, result_generator, context, tokenizer):
         usage = ResponseUsage(input_tokens=1)
         response = ResponsesResponse.from_request(
             request,
             sampling_params,
             output=output,
         )
-        response = _toolkit_tito.with_response_token_ids(request, response, context)  # toolkit:tito
+        response = _toolkit_tito.with_response_token_ids(request, response, context, tokenizer)  # toolkit:tito
 
         if request.store:
             self.response_store[response.id] = response
         return response
+
+    async def responses_stream_generator(self, request, sampling_params, result_generator, context,
+                                         model_name, tokenizer):
+        async for event_data in processor(request, context, tokenizer):
+            yield _toolkit_tito.with_item_done_token_ids(request, event_data, context, tokenizer)  # toolkit:tito
+        yield final_event
 '''
 
 
@@ -450,7 +462,8 @@ INJECTED_NAMES = {
     SERVING: {"_create_chat_completion": {"self", "request"}, "chat_completion_full_generator": {"request"},
               "_create_chat_logprobs": {"token_ids", "top_logprobs"}},
     RENDERER: {"_reused_prompt_token_ids": {"request", "renderer"}, "preprocess_chat": {"request", "messages"}},
-    RESPONSES_SERVING: {"_create_responses": {"self", "request"}, "responses_full_generator": {"request", "context"}},
+    RESPONSES_SERVING: {"_create_responses": {"self", "request"}, "responses_full_generator": {"request", "context", "tokenizer"},
+                        "responses_stream_generator": {"request", "context", "tokenizer"}},
 }
 
 

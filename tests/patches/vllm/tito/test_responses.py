@@ -151,3 +151,92 @@ def test_tool_call_parsed_with_input_ids_streaming_and_not(http, tito_server):
         from toolkit.patches.vllm.responses_stream.grammar import check_events
 
         assert check_events(events) == []
+
+
+# --------------------------------------------------------------------------------------------------
+# token ids per output item (docs/tito.md: each item gets the contiguous run of its ids, markers included)
+
+THINK_END = 4095  # the tiny tokenizer's </think>
+END_OF_TURN = "<|im_end|>"  # its end of turn (id 3), which /detokenize spells out
+
+
+def detokenize(http: Http, ids: list[int]) -> str:
+    response = http.http.post("/detokenize", json={"model": http.model, "tokens": ids})
+    assert response.status_code == 200, response.text
+    return response.json()["prompt"]
+
+
+def check_item_ids(http: Http, response: dict) -> list[list[int]]:
+    """Each output item's ``token_ids`` are a contiguous run of the turn's ``token_ids``, in item order,
+    that decodes to the item (its text, or its call between the hermes markers); the ids between and
+    after the runs decode to whitespace only, or the end-of-turn token. Returns the runs."""
+    ids, position, runs, gaps = response["token_ids"], 0, [], []
+    for item in response["output"]:
+        run = item["token_ids"]
+        assert run, item
+        at = next((i for i in range(position, len(ids) - len(run) + 1) if ids[i:i + len(run)] == run), None)
+        assert at is not None, (item["type"], run, ids[position:])
+        gaps.append(ids[position:at])
+        runs.append(run)
+        position = at + len(run)
+        text = detokenize(http, run)
+        if item["type"] == "reasoning":
+            assert text.replace("<think>", "").replace("</think>", "") == item["content"][0]["text"]
+        elif item["type"] == "message":
+            assert text == item["content"][0]["text"]
+        else:
+            assert item["type"] == "function_call"
+            assert text.startswith("<tool_call>") and text.endswith("</tool_call>")
+            call = json.loads(text[len("<tool_call>"):-len("</tool_call>")])
+            assert (call["name"], call["arguments"]) == (item["name"], json.loads(item["arguments"]))
+    gaps.append(ids[position:])
+    assert [i for gap, run in zip(gaps, runs + [[]]) for i in gap + run] == ids
+    assert all(not detokenize(http, gap).replace(END_OF_TURN, "").strip() for gap in gaps if gap)
+    return runs
+
+
+def done_items(events: list[dict]) -> list[dict]:
+    return [event["item"] for event in events if event["type"] == "response.output_item.done"]
+
+
+def test_item_ids_reasoning_then_text_streaming_and_not(http, tito_server):
+    """A bias on </think> ends the tiny model's reasoning after three ids: a reasoning item (through
+    </think>) and a message item whose ids make up the whole turn; streamed, each output_item.done
+    carries the same ids as the item on the final response, which equals the non-streamed one."""
+    body = {"input": A, "logit_bias": {str(THINK_END): 8}, "max_output_tokens": 12}
+    plain = http.responses(**body).json()
+    assert [item["type"] for item in plain["output"]] == ["reasoning", "message"]
+    runs = check_item_ids(http, plain)
+    assert runs[0][-1] == THINK_END and runs[0] + runs[1] == plain["token_ids"]
+    events = http.stream(**body)
+    final = events[-1]["response"]
+    assert [(item["type"], item["token_ids"]) for item in final["output"]] == \
+        [(item["type"], item["token_ids"]) for item in plain["output"]]
+    assert [(item["type"], item["token_ids"]) for item in done_items(events)] == \
+        [(item["type"], item["token_ids"]) for item in final["output"]]
+    if "responses-stream" in tito_server.patches:
+        from toolkit.patches.vllm.responses_stream.grammar import check_events
+
+        assert check_events(events) == []
+    off = http.responses(**body, return_token_ids=False).json()
+    assert all("token_ids" not in item for item in off["output"])
+    assert all("token_ids" not in item for item in done_items(http.stream(**body, return_token_ids=False)))
+
+
+def test_item_ids_text_then_tool_call_streaming_and_not(http, tito_server):
+    """Text, then a forced hermes call: the call's ids run from <tool_call> through </tool_call> (which
+    the grammar makes the model spell with several ids), the end-of-turn id is no item's. vLLM itself
+    reads the text before the call as reasoning when not streaming (its qwen3 parse ignores the prompt's
+    </think>) and as a message when streaming: each item's ids are its own text's either way."""
+    prompt = http.chat(A, max_tokens=1)["prompt_token_ids"] + [4094, THINK_END]
+    body = {"input_ids": prompt, "tools": RESPONSES_TOOLS, "max_output_tokens": 120,
+            "structured_outputs": {"regex": "Sure" + TOOL_CALL_REGEX}}
+    plain = http.responses(**body).json()
+    events = http.stream(**body)
+    final = events[-1]["response"]
+    for response in (plain, final):
+        runs = check_item_ids(http, response)
+        assert [item["type"] for item in response["output"]][-1] == "function_call"
+        assert response["token_ids"][len(runs[0]) + len(runs[1]):] in ([], [3])  # the end-of-turn id
+    assert [item["token_ids"] for item in final["output"]] == [item["token_ids"] for item in plain["output"]]
+    assert [item["token_ids"] for item in done_items(events)] == [item["token_ids"] for item in final["output"]]

@@ -276,3 +276,32 @@ def test_response_ids_come_from_vllms_message_records():
     off = type("Resp", (), {})()
     runtime.with_response_token_ids(type("R", (), {"return_token_ids": False})(), off, Ctx([Raw([1])], []))
     assert not hasattr(off, "token_ids")
+
+
+# A vocabulary like the tiny model's: <tool_call> 4092, </tool_call> 4093, </think> 4095 are one id each,
+# and the same markers may be spelled by several ids (what a grammar makes a random model do).
+VOCAB = {3: "", 10: "a", 11: "b", 20: "x", 21: "y", 30: "{}", 202: "\n", 4092: "<tool_call>", 4093: "</tool_call>",
+         4095: "</think>", 50: "<tool", 51: "_call>", 52: "</", 53: "think>"}
+MARKERS = runtime.ItemMarkers(lambda ids: "".join(VOCAB[i] for i in ids), "</think>", "<tool_call>", "</tool_call>",
+                              trailing=[3])
+
+
+@pytest.mark.parametrize("ids,has_reasoning,expected", [
+    # reasoning then text, end of turn after: </think> closes the reasoning run, the EOS is no item's
+    ([10, 11, 4095, 20, 21, 3], True, {"reasoning": [10, 11, 4095], "message": [20, 21], "calls": []}),
+    # the same with </think> spelled by two ids
+    ([10, 52, 53, 20, 3], True, {"reasoning": [10, 52, 53], "message": [20], "calls": []}),
+    # reasoning cut by max tokens: every id is reasoning
+    ([10, 11, 10], True, {"reasoning": [10, 11, 10], "message": [], "calls": []}),
+    # text, then two calls with a newline between them: the newline and the EOS are no item's
+    ([20, 4092, 30, 4093, 202, 50, 51, 30, 4093, 3], False,
+     {"reasoning": None, "message": [20], "calls": [[4092, 30, 4093], [50, 51, 30, 4093]]}),
+    # reasoning that never ends (as vLLM's non-streaming qwen3 parse reads text before a call): up to the call
+    ([10, 4092, 30, 4093, 3], True, {"reasoning": [10], "message": [], "calls": [[4092, 30, 4093]]}),
+    # a call cut short: to the last id
+    ([4092, 30, 30], False, {"reasoning": None, "message": [], "calls": [[4092, 30, 30]]}),
+    # reasoning hidden (no reasoning item): its ids are no item's, the message starts after </think>
+    ([10, 4095, 20, 3], False, {"reasoning": None, "message": [20], "calls": []}),
+])
+def test_split_item_ids(ids, has_reasoning, expected):
+    assert runtime.split_item_ids(ids, MARKERS, has_reasoning) == expected
