@@ -521,9 +521,16 @@ def _turn_output_ids(context: Any) -> list[int] | None:
     return None if output is None else [i for ids in output for i in ids]
 
 
-def _runs(context: Any, tokenizer: Any, ids: list[int], has_reasoning: bool) -> dict[str, Any] | None:
+def _runs(request: Any, context: Any, tokenizer: Any, ids: list[int], has_reasoning: bool) -> dict[str, Any] | None:
     markers = item_markers(getattr(context, "response_parser", None), tokenizer)
-    return None if markers is None else split_item_ids(ids, markers, has_reasoning)
+    if markers is None:
+        return None
+    runs = split_item_ids(ids, markers, has_reasoning)
+    if getattr(request, "tools", None) and (markers.call_start is None or markers.call_end is None):
+        # a tool parser without call markers (pythonic, JSON-only...): where its calls begin is not
+        # known, so neither the message's run nor the calls' are given
+        runs["message"], runs["calls"] = None, []
+    return runs
 
 
 def _ids_for(item: Any, runs: dict[str, Any], calls_before: int) -> list[int] | None:
@@ -545,7 +552,7 @@ def with_output_item_token_ids(request: Any, output: list, context: Any, tokeniz
     ids = _turn_output_ids(context)
     if ids is None:
         return output
-    runs = _runs(context, tokenizer, ids, any(_item_type(item) == "reasoning" for item in output))
+    runs = _runs(request, context, tokenizer, ids, any(_item_type(item) == "reasoning" for item in output))
     if runs is None:
         return output
     calls = 0
@@ -572,7 +579,7 @@ def with_item_done_token_ids(request: Any, event: Any, context: Any, tokenizer: 
         seen = []
         context._toolkit_tito_items = seen  # the types of the items already done, in order
     kind = _item_type(item)
-    runs = _runs(context, tokenizer, ids, "reasoning" in seen or kind == "reasoning")
+    runs = _runs(request, context, tokenizer, ids, "reasoning" in seen or kind == "reasoning")
     if runs is not None:
         item_ids = _ids_for(item, runs, seen.count("function_call"))
         if item_ids is not None:

@@ -305,3 +305,21 @@ MARKERS = runtime.ItemMarkers(lambda ids: "".join(VOCAB[i] for i in ids), "</thi
 ])
 def test_split_item_ids(ids, has_reasoning, expected):
     assert runtime.split_item_ids(ids, MARKERS, has_reasoning) == expected
+
+
+def test_items_without_known_call_markers_get_no_message_or_call_ids():
+    """A request with tools whose parser has no call markers: the reasoning run is still known, the
+    message's and the calls' are not (the call text could be anywhere after the reasoning)."""
+    class Tokenizer:
+        all_special_ids = [3]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return MARKERS.decode(ids)
+
+    parser = type("P", (), {"reasoning_parser": type("Q", (), {"end_token": "</think>"})(), "tool_parser": object()})()
+    context = type("C", (), {"response_parser": parser, "output_messages": [type("M", (), {"tokens": [10, 4095, 20, 30, 3]})()]})()
+    output = [{"type": "reasoning"}, {"type": "message"}, {"type": "function_call"}]
+    for tools, expected in (([{"type": "function"}], [[10, 4095], None, None]), ([], [[10, 4095], [20, 30], None])):
+        request = type("R", (), {"return_token_ids": True, "tools": tools})()
+        items = runtime.with_output_item_token_ids(request, [dict(item) for item in output], context, Tokenizer())
+        assert [item.get("token_ids") for item in items] == expected
