@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from toolkit.verify import verify
-from tests.harness.fixtures import VLLM_ENVS, VLLM_VERIFY_ENVS
+from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS, VLLM_VERIFY_ENVS
 from toolkit.verify.server import pid_alive
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
@@ -106,17 +106,20 @@ def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_mod
     assert_cleaned_up(report)
 
 
-def test_patched_sglang_passes(sglang_python, tiny_model, shim_env):
+@pytest.mark.parametrize("venv", SGLANG_ENVS)  # the oldest and the newest release of the line
+def test_patched_sglang_passes(venv, engine_python, tiny_model, shim_env):
     from toolkit import apply_patch, revert_patch
 
-    apply_patch("sglang", ["token-ids"], python=sglang_python)
+    python = engine_python(venv)
+    apply_patch("sglang", ["token-ids", "tito"], python=python)
     try:
-        report = verify(tiny_model, engine="sglang", python=sglang_python, env=shim_env, timeout=300)
+        report = verify(tiny_model, engine="sglang", python=python, env=shim_env, timeout=300)
     finally:
-        revert_patch("sglang", python=sglang_python)
+        revert_patch("sglang", python=python)
     statuses = {r.name: r.status for r in report.results}
     assert report.ok, [(r.name, r.status, r.detail, r.evidence) for r in report.results]
-    assert statuses["input-ids"] == "skip" and statuses["concurrency"] == "pass"
+    assert statuses["input-ids"] == "pass" and statuses["concurrency"] == "pass"
+    assert statuses["multi-turn"] == "pass", statuses
     assert_cleaned_up(report)
 
 
