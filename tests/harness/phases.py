@@ -35,7 +35,7 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for folder, seconds in sorted(_SECONDS.items(), key=lambda item: -item[1]):
         terminalreporter.write_line(f"{seconds:8.1f}s  {folder}")
     path = os.environ.get("TOOLKIT_PHASES_FILE")
-    if path:
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: the controller's totals, once
         with open(path, "a") as handle:
             for folder, seconds in sorted(_SECONDS.items()):
                 handle.write(f"{seconds:.1f}\tpytest {folder}\n")
