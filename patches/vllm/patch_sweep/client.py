@@ -115,7 +115,8 @@ class SweepResult:
     source_run: str = ""
     auto_captured: bool = False
     captured_source_run: str | None = None
-    prefix_reuse: dict[str, Any] | None = None  # {"enabled", "cell_prompt_tokens", "cached_tokens"}
+    prefix_reuse: dict[str, Any] | None = None  # {"enabled", "cell_prompt_tokens", "cached_tokens", ...}
+    executor: str = ""  # how the server ran the cells: "batched" (one worker call) or "requests"
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -126,7 +127,7 @@ class SweepResult:
                    skipped=list(data.get("skipped") or []), noise_floor=data.get("noise_floor"),
                    source_run=data.get("source_run", ""), auto_captured=bool(data.get("auto_captured")),
                    captured_source_run=data.get("captured_source_run"), prefix_reuse=data.get("prefix_reuse"),
-                   raw=data)
+                   executor=data.get("executor", ""), raw=data)
 
     def cells(self) -> Iterator[Cell]:
         for layer, row in zip(self.layers, self.grid):
@@ -335,10 +336,12 @@ class PatchStudy:
         server_side: bool = True,
         on_cell: OnCell | None = None,
         prefix_reuse: bool = True,
+        executor: str | None = None,
     ) -> SweepResult:
         """Patch ``run``'s activations (or ``clean_prompt``'s, captured in the same call) into ``prompt``
         at every (layer, position); ``positions`` mixes integers and :class:`Span` markers.
-        ``prefix_reuse=False`` makes every cell recompute the whole prompt (the grid is the same)."""
+        ``prefix_reuse=False`` makes every cell recompute the whole prompt (the grid is the same);
+        ``executor`` picks how the server runs the cells (``"auto"``, ``"batched"``, ``"requests"``)."""
         body: dict[str, Any] = {"prompt": prompt, "hook": hook, "layers": layers, "alpha": alpha,
                                 "positions": positions if positions == ALL_PROMPT else
                                 [p.to_json() if isinstance(p, Span) else p for p in positions]}
@@ -350,6 +353,8 @@ class PatchStudy:
             body["source_run"] = _run_name(run)
         if not prefix_reuse:
             body["prefix_reuse"] = False
+        if executor is not None:
+            body["executor"] = executor
         if server_side:
             if clean_prompt is not None:
                 body["clean_prompt"] = clean_prompt

@@ -40,7 +40,9 @@ DEFAULT_MAX_CELLS = 4096
 DEFAULT_MAX_BYTES = 256 << 20
 SWEEP_FIELDS = {"model", "prompt", "source_run", "clean_prompt", "hook", "layers", "positions", "alpha", "answer_token",
                 "answer_token_id", "foil_token", "foil_token_id", "metric", "stream", "baselines", "noise",
-                "prefix_reuse"}
+                "prefix_reuse", "executor"}
+EXECUTORS = ("auto", "batched", "requests")
+BATCHED_HOOKS = ("pre_attn", "post_block")  # hooks between layers: the batched executor's cells
 NOISE_FIELDS = {"positions", "seed", "scale"}
 NOISE_STD_FACTOR = 3.0  # ROME's causal tracing: noise 3x the standard deviation of the embeddings
 CAPTURE_FIELDS = {"model", "prompt", "name", "layers", "hooks"}
@@ -75,6 +77,7 @@ class Engine:
         self._request_count = itertools.count()
         self.num_layers = 0
         self.embedding_std = 0.0
+        self.batched_unsupported: str | None = None  # why the worker cannot run sweeps batched (None: it can)
         self._installed = False
         self._lock = asyncio.Lock()
 
@@ -91,6 +94,8 @@ class Engine:
                 ranks = await self.rpc("install", self.secret, int(os.environ.get(MAX_BYTES_ENV, DEFAULT_MAX_BYTES)),
                                        every_rank=True)
                 self.num_layers, self.embedding_std = merge_install(ranks)
+                reasons = {rank.get("batched_unsupported") for rank in ranks} - {None}
+                self.batched_unsupported = "; ".join(sorted(reasons)) or None
                 self._installed = True
 
     async def tokenizer(self) -> Any:
@@ -265,6 +270,7 @@ class Sweep:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     noise: dict[str, Any] | None = None  # {"positions", "seed", "scale"}: the corrupt run is the prompt plus noise
     prefix_reuse: bool = True  # cells read the corrupt run's KV before their first patched position
+    executor: str = "auto"  # auto: batched in the worker where it can be, else a request per cell
 
     def column(self, j: int) -> list[int]:
         """The positions cell column ``j`` patches."""
@@ -363,6 +369,9 @@ async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
     prefix_reuse = body.get("prefix_reuse", True)
     if not isinstance(prefix_reuse, bool):
         raise BadRequest("prefix_reuse must be true or false")
+    executor = body.get("executor", "auto")
+    if executor not in EXECUTORS:
+        raise BadRequest(f"executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
     if not isinstance(body.get("stream", False), bool):
         raise BadRequest("stream must be true or false")
     layers = parse_layers(body.get("layers"), engine.num_layers)
@@ -379,7 +388,11 @@ async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
         raise BadRequest(f"the grid has {len(layers)} x {len(positions)} = {len(layers) * len(positions)} cells, "
                          f"over this server's limit of {_max_cells()} ({MAX_CELLS_ENV}); sweep fewer layers or positions")
     sweep = Sweep(prompt_ids, [tokenizer.decode([i]) for i in prompt_ids], hook, layers, positions, float(alpha),
-                  answer, foil, metric, baselines, noise=noise, prefix_reuse=prefix_reuse)
+                  answer, foil, metric, baselines, noise=noise, prefix_reuse=prefix_reuse, executor=executor)
+    if executor == "batched":
+        reason = batched_reason(engine, sweep)
+        if reason is not None:
+            raise BadRequest(f"executor batched cannot run this sweep: {reason}; use executor auto or requests")
 
     run = await engine.rpc("run", source_run) if source_run else None
     if run is None and clean_prompt is not None:
@@ -521,61 +534,47 @@ def _value(measures: dict[str, float], sweep: Sweep, clean: dict | None, corrupt
 
 async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     scored = [sweep.answer] + ([sweep.foil] if sweep.foil is not None else [])
-    noised = {"noise": sweep.noise} if sweep.noise else None  # the corrupt run's plan: noise, no patch
-    # Prefix reuse: the corrupt run alone goes first under the sweep's secret salt, filling the prefix
-    # cache with its blocks; each cell (same salt) then reads the blocks before its first patched position
-    # and recomputes only from there (its later blocks hash privately: never served to anyone).
-    salt = f"patchsweep-{secrets.token_hex(16)}" if sweep.prefix_reuse else None
-    alone = (_measures((await engine.score(sweep.prompt_ids, scored, noised, sweep_salt=salt))[0], sweep)
-             if sweep.baselines else None)
     cells = sweep.cells()
     yield "start", {"source_run": sweep.source_run, "auto_captured": sweep.auto_captured, "hook": sweep.hook,
                     "metric": sweep.metric, "layers": sweep.layers, "positions": sweep.positions,
                     "num_cells": len(cells), "skipped": sweep.skipped}
+    state: dict[str, Any] = {"alone": None, "executor": "requests",
+                             "reuse": {"enabled": sweep.prefix_reuse, "cell_prompt_tokens": len(cells) * len(sweep.prompt_ids),
+                                       "cached_tokens": 0}}
+    results = None
+    if batched_reason(engine, sweep) is None:
+        results = _batched_cells(engine, sweep, scored, cells, state)
+        first = await anext(results, None)
+        if first is None:  # the worker cannot run it batched: the sweep goes the per-request way
+            results = None
+        else:
+            results = _prepend(first, results)
+    if results is None:
+        results = _request_cells(engine, sweep, scored, cells, state)
 
-    async def tagged(tag: Any, ids: list[int], plan: dict | None, sweep_salt: str | None = None):
-        logprobs, cached = await engine.score(ids, scored, plan, sweep_salt)
-        if not isinstance(tag, str):
-            reuse["cached_tokens"] += cached
-        return tag, _measures(logprobs, sweep)
-
-    reuse = {"enabled": sweep.prefix_reuse, "cell_prompt_tokens": len(cells) * len(sweep.prompt_ids), "cached_tokens": 0}
-
-    jobs = []
-    if sweep.baselines:
-        jobs += [tagged("clean", sweep.source_ids, None), tagged("corrupt", sweep.prompt_ids, noised)]
-    for i, j in cells:
-        plan = {"run": sweep.source_run, "layer": sweep.layers[i], "hook": sweep.hook, "positions": sweep.column(j),
-                "alpha": sweep.alpha, SHARED_PREFIX: min(sweep.column(j)), **(noised or {})}
-        jobs.append(tagged((i, j), sweep.prompt_ids, plan, salt))
-    tasks = [asyncio.ensure_future(job) for job in jobs]
     grid: list[list[float | None]] = [[None] * len(sweep.positions) for _ in sweep.layers]
     base: dict[str, dict[str, float]] = {}
     waiting: list[tuple[tuple[int, int], dict[str, float]]] = []
-    try:
-        for next_done in asyncio.as_completed(tasks):
-            tag, measures = await next_done
-            if isinstance(tag, str):
-                base[tag] = measures
-            else:
-                waiting.append((tag, measures))
-            if sweep.baselines and len(base) < 2:
-                continue
-            for (i, j), cell in waiting:
-                value = _value(cell, sweep, base.get("clean"), base.get("corrupt"))
-                grid[i][j] = value
-                yield "cell", {"layer": sweep.layers[i], "position": sweep.positions[j], "layer_index": i,
-                               "position_index": j, "value": value, **cell}
-            waiting = []
-    finally:
-        for task in tasks:
-            task.cancel()
+    async for tag, measures in results:
+        if isinstance(tag, str):
+            base[tag] = measures
+        else:
+            waiting.append((tag, measures))
+        if sweep.baselines and len(base) < 2:
+            continue
+        for (i, j), cell in waiting:
+            value = _value(cell, sweep, base.get("clean"), base.get("corrupt"))
+            grid[i][j] = value
+            yield "cell", {"layer": sweep.layers[i], "position": sweep.positions[j], "layer_index": i,
+                           "position_index": j, "value": value, **cell}
+        waiting = []
     best = None
     for i, row in enumerate(grid):
         for j, value in enumerate(row):
             if value is not None and (best is None or value > best["value"]):
                 best = {"layer": sweep.layers[i], "position": sweep.positions[j], "value": value}
     noise = None
+    alone = state["alone"]
     if alone is not None:
         key = sweep.base_metric
         noise = {"metric": key, "corrupt_alone": alone[key], "corrupt_in_batch": base["corrupt"][key],
@@ -588,8 +587,98 @@ async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, di
         "argmax": best, "skipped": sweep.skipped, "noise_floor": noise,
         "source_run": sweep.source_run, "captured_source_run": sweep.source_run if sweep.auto_captured else None,
         "auto_captured": sweep.auto_captured, "answer_token_id": sweep.answer, "foil_token_id": sweep.foil,
-        "prompt_token_ids": sweep.prompt_ids, "num_cells": len(cells), "prefix_reuse": reuse,
+        "prompt_token_ids": sweep.prompt_ids, "num_cells": len(cells), "executor": state["executor"],
+        "prefix_reuse": state["reuse"],
     }
+
+
+def batched_reason(engine: Engine, sweep: Sweep) -> str | None:
+    """Why this sweep cannot run batched in the worker (None: it can). ``executor: "requests"`` or
+    ``prefix_reuse: false`` ask for one engine request per cell."""
+    if sweep.executor == "requests" or not sweep.prefix_reuse:
+        return "executor requests" if sweep.executor == "requests" else "prefix_reuse false: every cell a full prefill"
+    if sweep.hook not in BATCHED_HOOKS:
+        return f"hook {sweep.hook} is patched inside a layer: its cells run as requests (batched: {', '.join(BATCHED_HOOKS)})"
+    return engine.batched_unsupported
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+async def _batched_cells(engine: Engine, sweep: Sweep, scored: list[int], cells: list[tuple[int, int]],
+                         state: dict[str, Any]) -> AsyncIterator[tuple[Any, dict[str, float]]]:
+    """Every cell in one worker call (batched.py). One engine request runs the corrupt prompt alone and
+    captures its input to layer 0 (noise included); the worker reruns the layers from each patch up, over
+    the positions from its first patched one. Yields nothing when the worker answers that it cannot."""
+    noised = {"noise": sweep.noise} if sweep.noise else {}
+    key = uuid.uuid4().hex
+    plan = {"capture": key, "layers": [0], "hooks": ["pre_attn"], "n": len(sweep.prompt_ids), **noised}
+    try:
+        alone, _ = await engine.score(sweep.prompt_ids, scored, plan)
+    except BaseException:
+        await engine.rpc("discard", key)
+        raise
+    clean = asyncio.ensure_future(engine.score(sweep.source_ids, scored)) if sweep.baselines else None
+    try:
+        spec = [(sweep.layers[i], sweep.column(j)) for i, j in cells]
+        answer = await engine.rpc("batched_sweep", key, sweep.source_run, sweep.hook, spec, scored, sweep.alpha)
+        if "unsupported" in answer:
+            engine.batched_unsupported = answer["unsupported"]
+            return
+        if "error" in answer:
+            raise BadRequest(f"the sweep could not run: {answer['error']}; send it again", status=409)
+        state["executor"] = "batched"
+        state["alone"] = _measures(alone, sweep) if sweep.baselines else None
+        n = len(sweep.prompt_ids)
+        state["reuse"].update(cached_tokens=sum(min(sweep.column(j)) for _, j in cells),
+                              recomputed_layer_tokens=int(answer["recomputed_rows"]),
+                              cell_layer_tokens=len(cells) * n * engine.num_layers)
+        corrupt = _measures(dict(zip(scored, answer["corrupt"])), sweep)
+        if clean is not None:
+            yield "clean", _measures((await clean)[0], sweep)
+        yield "corrupt", corrupt
+        for (i, j), logprobs in zip(cells, answer["cells"]):
+            yield (i, j), _measures(dict(zip(scored, logprobs)), sweep)
+    finally:
+        if clean is not None and not clean.done():
+            clean.cancel()
+
+
+async def _request_cells(engine: Engine, sweep: Sweep, scored: list[int], cells: list[tuple[int, int]],
+                         state: dict[str, Any]) -> AsyncIterator[tuple[Any, dict[str, float]]]:
+    """Every cell an engine request (max_tokens=1), all submitted at once: vLLM's scheduler batches them."""
+    noised = {"noise": sweep.noise} if sweep.noise else None  # the corrupt run's plan: noise, no patch
+    # Prefix reuse: the corrupt run alone goes first under the sweep's secret salt, filling the prefix
+    # cache with its blocks; each cell (same salt) then reads the blocks before its first patched position
+    # and recomputes only from there (its later blocks hash privately: never served to anyone).
+    salt = f"patchsweep-{secrets.token_hex(16)}" if sweep.prefix_reuse else None
+    if sweep.baselines:
+        state["alone"] = _measures((await engine.score(sweep.prompt_ids, scored, noised, sweep_salt=salt))[0], sweep)
+    reuse = state["reuse"]
+
+    async def tagged(tag: Any, ids: list[int], plan: dict | None, sweep_salt: str | None = None):
+        logprobs, cached = await engine.score(ids, scored, plan, sweep_salt)
+        if not isinstance(tag, str):
+            reuse["cached_tokens"] += cached
+        return tag, _measures(logprobs, sweep)
+
+    jobs = []
+    if sweep.baselines:
+        jobs += [tagged("clean", sweep.source_ids, None), tagged("corrupt", sweep.prompt_ids, noised)]
+    for i, j in cells:
+        plan = {"run": sweep.source_run, "layer": sweep.layers[i], "hook": sweep.hook, "positions": sweep.column(j),
+                "alpha": sweep.alpha, SHARED_PREFIX: min(sweep.column(j)), **(noised or {})}
+        jobs.append(tagged((i, j), sweep.prompt_ids, plan, salt))
+    tasks = [asyncio.ensure_future(job) for job in jobs]
+    try:
+        for next_done in asyncio.as_completed(tasks):
+            yield await next_done
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from toolkit.patches.vllm.patch_sweep.batched import Executor
 from toolkit.patches.vllm.patch_sweep.shared import PLAN_KEY, STEER_KEY, log
 
 HOOKS = ("pre_attn", "post_attn", "post_block")  # points of the residual stream: captured and patched
@@ -83,6 +84,9 @@ class _State:
     max_bytes: int = 256 << 20
     embedding_moments: tuple[float, float, float] = (0.0, 0.0, 0.0)
     step: list[_Active] = field(default_factory=list)
+    layers: list[Any] = field(default_factory=list)
+    executor: Any = None  # batched.Executor, built at install
+    bypass: bool = False  # the batched sweep drives the layers itself: the hooks stand aside
 
 
 STATE = _State()
@@ -274,6 +278,8 @@ def _rebuild_layer_args(args: tuple, kwargs: dict, hidden: Any, residual: Any) -
 
 def _layer_pre_hook(layer: int):
     def hook(module, args, kwargs):
+        if STATE.bypass:
+            return None
         positions, hidden, residual = _split_layer_args(args, kwargs)
         noised = False
         if module is STATE.first_layer:
@@ -292,7 +298,7 @@ def _layer_pre_hook(layer: int):
 
 def _post_attn_pre_hook(layer: int):
     def hook(module, args):
-        if not STATE.step or len(args) < 2 or args[1] is None:
+        if STATE.bypass or not STATE.step or len(args) < 2 or args[1] is None:
             return None
         _record_part(layer, "attn_out", args[0])
         new = _visit(layer, "post_attn", args[0], args[1])
@@ -303,7 +309,7 @@ def _post_attn_pre_hook(layer: int):
 
 def _layer_hook(layer: int):
     def hook(module, args, output):
-        if not STATE.step or not isinstance(output, tuple) or len(output) < 2:
+        if STATE.bypass or not STATE.step or not isinstance(output, tuple) or len(output) < 2:
             return None
         _record_part(layer, "mlp_out", output[0])
         new = _visit(layer, "post_block", output[0], output[1])
@@ -344,9 +350,10 @@ def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
             STATE.handles.append(layer.register_forward_hook(_layer_hook(index)))
         STATE.runner, STATE.first_layer, STATE.num_layers = runner, layers[0], len(layers)
         STATE.embedding_moments = _embedding_moments(model, runner)
+        STATE.executor = Executor(model, layers)
         log().info("toolkit patch-sweep: forward hooks on %d decoder layers", len(layers))
     return {"num_layers": STATE.num_layers, "max_bytes": STATE.max_bytes,
-            "embedding_moments": list(STATE.embedding_moments)}
+            "embedding_moments": list(STATE.embedding_moments), "batched_unsupported": STATE.executor.unsupported}
 
 
 def _embedding_moments(model: torch.nn.Module, runner: Any) -> tuple[float, float, float]:
@@ -417,4 +424,30 @@ def delete(wrapper: Any, name: str) -> bool:
     return STATE.runs.pop(name, None) is not None
 
 
-RPC = {"install": install, "commit": commit, "discard": discard, "take": take, "runs": runs, "run": run, "delete": delete}
+def batched_sweep(wrapper: Any, key: str, name: str, hook: str, cells: list[tuple[int, list[int]]],
+                  scored: list[int], alpha: float) -> dict[str, Any]:
+    """Every cell of a sweep in this call (batched.py): ``key`` is the capture of the corrupt run's input
+    to layer 0 (noise included), ``name`` the stored clean run, ``cells`` ``(layer, positions)``."""
+    acts = STATE.pending.pop(key, None) or {}
+    embedded = acts.get(("pre_attn", 0))
+    run = STATE.runs.get(name)
+    if embedded is None or run is None:
+        return {"error": f"the corrupt run's capture or run {name!r} is gone"}
+    if STATE.executor is None or STATE.executor.unsupported:
+        return {"unsupported": getattr(STATE.executor, "unsupported", None) or "not installed"}
+    planned = []
+    for layer, positions in cells:
+        source = run.acts.get((hook, layer))
+        if source is None:
+            return {"error": f"run {name!r} has no {hook} activations at layer {layer}"}
+        first = layer if hook == "pre_attn" else layer + 1
+        planned.append((first, list(positions), source[torch.tensor(positions, dtype=torch.long)]))
+    STATE.bypass = True
+    try:
+        with torch.inference_mode():
+            return STATE.executor.sweep(embedded, planned, list(scored), float(alpha))
+    finally:
+        STATE.bypass = False
+
+
+RPC = {"install": install, "batched_sweep": batched_sweep, "commit": commit, "discard": discard, "take": take, "runs": runs, "run": run, "delete": delete}

@@ -195,8 +195,11 @@ def long_sweep(sweep_server, hook: str, **fields) -> tuple[dict, dict]:
 
 
 @pytest.mark.parametrize("hook", ["post_block", "pre_attn"])
-def test_prefix_reuse_reads_the_corrupt_runs_blocks_and_the_grid_still_equals_hf(sweep_server, hook):
-    got, want = long_sweep(sweep_server, hook)
+def test_prefix_reuse_by_requests_reads_the_corrupt_runs_blocks_and_the_grid_still_equals_hf(sweep_server, hook):
+    """executor requests: every cell an engine request reading the corrupt run's blocks from vLLM's
+    prefix cache (the path post_attn sweeps and models the batched executor cannot run take)."""
+    got, want = long_sweep(sweep_server, hook, executor="requests")
+    assert got["executor"] == "requests"
     assert_grid_close(got["grid"], want["grid"])
     reuse = got["prefix_reuse"]
     assert reuse["enabled"] is True and reuse["cell_prompt_tokens"] == got["num_cells"] * len(got["prompt_token_ids"])
@@ -206,8 +209,53 @@ def test_prefix_reuse_reads_the_corrupt_runs_blocks_and_the_grid_still_equals_hf
     assert reuse["cached_tokens"] >= 0.5 * len(got["layers"]) * sum(blocks), reuse
     assert got["noise_floor"]["abs_diff"] <= TOL
     off, _ = long_sweep(sweep_server, hook, prefix_reuse=False)
+    assert off["executor"] == "requests"
     assert off["prefix_reuse"] == {**reuse, "enabled": False, "cached_tokens": 0}
     assert_grid_close(off["grid"], want["grid"])
+
+
+@pytest.mark.parametrize("hook", ["post_block", "pre_attn"])
+def test_batched_executor_recomputes_only_above_and_after_each_patch_and_equals_hf(sweep_server, hook):
+    """The default for pre_attn and post_block: every cell in one worker call, each rerunning only the
+    layers from its patch up over the positions from its first patched one."""
+    got, want = long_sweep(sweep_server, hook)
+    assert got["executor"] == "batched"
+    assert_grid_close(got["grid"], want["grid"])
+    n, layers = len(got["prompt_token_ids"]), 2
+    reuse = got["prefix_reuse"]
+    first_layer = {"pre_attn": lambda layer: layer, "post_block": lambda layer: layer + 1}[hook]
+
+    def rows(first: int, p: int) -> int:  # layers from the patch up, rows from p on; the last layer alone: p and n-1
+        return 0 if first == layers else len({p, n - 1}) if first == layers - 1 else (layers - first) * (n - p)
+
+    assert reuse["cached_tokens"] == len(got["layers"]) * sum(got["positions"])
+    assert reuse["recomputed_layer_tokens"] == sum(rows(first_layer(layer), p) for layer in got["layers"]
+                                                   for p in got["positions"])
+    assert reuse["cell_layer_tokens"] == got["num_cells"] * n * layers
+    assert got["noise_floor"]["abs_diff"] <= TOL  # the engine's corrupt run against the executor's
+    # the same sweep as requests: the same numbers
+    requests, _ = long_sweep(sweep_server, hook, executor="requests")
+    assert_grid_close(got["grid"], requests["grid"])
+
+
+def test_batched_executor_streams_the_same_cells_and_post_attn_goes_by_requests(sweep_server):
+    ref = sweep_server.reference
+    clean, corrupt = CAT
+    tokens = pick_tokens(ref, ref.encode(clean), ref.encode(corrupt))
+    body = {"prompt": corrupt, "clean_prompt": clean, "hook": "post_block", "layers": [0, 1], "positions": "all_prompt",
+            "metric": "recovered", **tokens}
+    plain = sweep_server.post("/v1/patch_sweep", body).json()
+    with sweep_server.http.stream("POST", "/v1/patch_sweep", json={**body, "stream": True}) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    cells = [e for e in events if "position_index" in e and "value" in e]
+    assert len(cells) == plain["num_cells"] == 2 * len(plain["positions"])
+    for cell in cells:
+        assert abs(cell["value"] - plain["grid"][cell["layer_index"]][cell["position_index"]]) <= TOL
+    assert events[-1]["executor"] == plain["executor"] == "batched"
+    attn = sweep_server.post("/v1/patch_sweep", {**body, "hook": "post_attn"}).json()
+    assert attn["executor"] == "requests"
+    forced = sweep_server.post("/v1/patch_sweep", {**body, "hook": "post_attn", "executor": "batched"})
+    assert forced.status_code == 400 and "patched inside a layer" in forced.json()["error"]["message"]
 
 
 def test_concurrent_sweeps_on_one_prompt_never_read_each_others_patched_blocks(sweep_server):
@@ -364,6 +412,8 @@ BAD = [
     ("noise-bad-scale", {"noise": {"positions": [1], "scale": -0.5}}, "noise.scale must be"),
     ("noise-scale-string", {"noise": {"positions": [1], "scale": "big"}}, "noise.scale must be"),
     ("prefix-reuse-not-bool", {"prefix_reuse": "yes"}, "prefix_reuse must be true or false"),
+    ("unknown-executor", {"executor": "gpu"}, "executor must be one of auto, batched, requests"),
+    ("batched-without-reuse", {"executor": "batched", "prefix_reuse": False}, "prefix_reuse false"),
 ]
 
 

@@ -6,7 +6,8 @@ CPU per rank. Each test below is imported from the TP=1 modules and runs here ag
 ``sweep_server`` (a TP=2 server per vLLM line), with the same Hugging Face reference and tolerance:
 grids for every hook and metric and span cells, noise at a given and at the default scale (3x the
 embeddings' std, whose rows the two ranks hold half each: the API server merges their moments),
-prefix reuse, the concurrent-sweeps leak test, captured arrays of all five hooks, and steering.
+prefix reuse, the batched executor (every rank runs the same layers in
+step: their all-reduces line up), the concurrent-sweeps leak test, captured arrays of all five hooks, and steering.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from tests.patches.vllm.patch_sweep.test_server import (  # noqa: F401
     test_concurrent_sweeps_on_one_prompt_never_read_each_others_patched_blocks,
     test_grid_equals_hf_forward_hook_reference,
     test_noise_corruption_equals_hf_reference,
-    test_prefix_reuse_reads_the_corrupt_runs_blocks_and_the_grid_still_equals_hf,
+    test_batched_executor_recomputes_only_above_and_after_each_patch_and_equals_hf,
+    test_prefix_reuse_by_requests_reads_the_corrupt_runs_blocks_and_the_grid_still_equals_hf,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
