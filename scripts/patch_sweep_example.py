@@ -94,12 +94,18 @@ def other_examples(study, base_url: str, model: str) -> None:
     long_clean, long_corrupt = (" ".join([sentence.format(word)] * 2) for word in ("cat", "dog"))
     body = {"prompt": long_corrupt, "clean_prompt": long_clean, "layers": "all", "positions": "all_prompt",
             "hook": "post_block", "answer_token": " the", "foil_token": " a", "metric": "logit_diff"}
-    reused = _post(base_url, "/v1/patch_sweep", body)
+    reused = _post(base_url, "/v1/patch_sweep", {**body, "executor": "requests"})
     full = _post(base_url, "/v1/patch_sweep", {**body, "prefix_reuse": False})
-    diff = max(abs(a - b) for ra, rb in zip(reused["grid"], full["grid"]) for a, b in zip(ra, rb))
+    batched = _post(base_url, "/v1/patch_sweep", body)
+
+    def diff(a, b):
+        return max(abs(x - y) for ra, rb in zip(a["grid"], b["grid"]) for x, y in zip(ra, rb))
+
     print(f"prefix reuse: {len(reused['prompt_token_ids'])}-token prompt; on {reused['prefix_reuse']}; "
-          f"off {full['prefix_reuse']}; max |grid on - grid off| {diff:.2g}; grid[0][:4] "
+          f"off {full['prefix_reuse']}; max |grid on - grid off| {diff(reused, full):.2g}; grid[0][:4] "
           f"{[round(v, 4) for v in reused['grid'][0][:4]]}")
+    print(f"batched: executor {batched['executor']}; {batched['prefix_reuse']}; max |grid batched - grid requests| "
+          f"{diff(batched, reused):.2g}; grid[0][:4] {[round(v, 4) for v in batched['grid'][0][:4]]}")
     acts = study.activations(CLEAN, layers=[1], hooks=["post_block", "mlp_out"], positions=[Span("mat")])
     for key, array in acts.arrays.items():
         print("activations:", key, array.shape, array.dtype, np.round(array[0, :4], 4).tolist())
