@@ -124,16 +124,24 @@ def test_gather_decode_matches_naive_rows_for_a_batch_of_lengths():
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=case_strategy(), block=st.integers(1, 97))
 def test_search_in_small_query_blocks_matches_naive(case, block):
-    """The search scores each block of queries on only as many stripes as the block's last query
-    has: blocks much smaller than the chunk (so their stripe counts differ) change nothing."""
+    """The torch search scores each block of queries on only as many stripes as the block's last
+    query has: blocks much smaller than the chunk (so their stripe counts differ) change nothing.
+    (The compiled search, ``test_superlinear_native.py``, is turned off here.)"""
+    import os
+
     import toolkit.kernels.superlinear.gather.search as search
 
-    saved = search.QUERY_BLOCK
+    saved = search.QUERY_BLOCK, os.environ.get("TOOLKIT_SUPERLINEAR_NATIVE")
     search.QUERY_BLOCK = block
+    os.environ["TOOLKIT_SUPERLINEAR_NATIVE"] = "0"
     try:
         ref, ref_search, out, search_result = run_both(case)
     finally:
-        search.QUERY_BLOCK = saved
+        search.QUERY_BLOCK = saved[0]
+        if saved[1] is None:
+            os.environ.pop("TOOLKIT_SUPERLINEAR_NATIVE", None)
+        else:
+            os.environ["TOOLKIT_SUPERLINEAR_NATIVE"] = saved[1]
     for name, a, b in zip(("anchor", "score", "span_start", "span_end"), ref_search, search_result):
         assert torch.equal(a, b.to(a.dtype)), name
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..attention_spans import SpanGeometry, ordered_score_key
+from . import native
 from .common import (
     NEG_INF,
     SELECT_ELEMENTS,
@@ -110,6 +111,12 @@ def search_rows(q1_rows: torch.Tensor, keys: KeyRow, positions: torch.Tensor, ge
     """
     kv_heads, group, count, dim = q1_rows.shape
     device = q1_rows.device
+    if native.usable(q1_rows, keys.k_flat):
+        q_by_query = ws.get("search_q", (count, kv_heads, group, dim))
+        q_by_query.copy_(q1_rows.permute(2, 0, 1, 3))
+        anchors, scores = native.native_search(q_by_query, keys.k_flat, keys.key_len, positions,
+                                               geometry.stripe_distance, geometry.stripe_count, keys.mask, topk)
+        return anchors.permute(1, 2, 0, 3).contiguous(), scores.permute(1, 2, 0, 3).contiguous()
     anchors = torch.full((count, kv_heads, group, topk), -1, dtype=torch.int64, device=device)
     scores = torch.full((count, kv_heads, group, topk), NEG_INF, device=device)
     most = int(geometry.stripe_count[int(positions.max())]) if count else 0
