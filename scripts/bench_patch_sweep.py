@@ -4,6 +4,7 @@ every cell a full prefill) vs the peers
 interpretability people use (vllm-lens, nnsight) and a sequential Hugging Face hook loop, in one run.
 
     python scripts/bench_patch_sweep.py [--tokens 64 128 256] [--rounds 3] [--no-peers] [--json OUT]
+    python scripts/bench_patch_sweep.py --model-layers 8 --no-peers --no-hf   # a deeper model: ours only
 
 Run it with the dev venv's Python (it needs torch, transformers, psutil) and ``TOOLKIT_CACHE_DIR`` set.
 Every grid is the tiny model (scripts/make_tiny_model.py), layers 0-1 x every position of an N-token
@@ -149,7 +150,7 @@ def bench_ours(model: str, grids: list[dict], rounds: int) -> list[dict]:
             run = study.capture(grid["clean"], name=f"bench-{grid['tokens']}", layers=LAYERS, hooks=["post_block"])
             kwargs = dict(layers=LAYERS, positions="all_prompt", hook="post_block", answer_token_id=grid["answer"],
                           foil_token_id=grid["foil"], metric="logit_diff")
-            print(f"2 x {grid['tokens']}: ours, batched, by requests with prefix reuse, full prefill (load {load()})",
+            print(f"{len(LAYERS)} x {grid['tokens']}: ours, batched, by requests with prefix reuse, full prefill (load {load()})",
                   flush=True)
             before = load()
             timings = alternating({
@@ -373,6 +374,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[64, 128, 256])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true", help="skip vllm-lens and nnsight")
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face hook loop")
+    parser.add_argument("--model-layers", type=int, default=2,
+                        help="decoder layers of the tiny model (default 2); the grid is every layer x every position; "
+                             "other than 2 needs --no-peers (their drivers sweep layers 0-1)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--peer-driver", nargs=3, metavar=("PEER", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -384,8 +389,11 @@ def main() -> int:
 
     import torch
 
-    model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached"], check=True,
-                           capture_output=True, text=True).stdout.strip()
+    if args.model_layers != 2 and not args.no_peers:
+        parser.error("--model-layers other than 2 needs --no-peers")
+    LAYERS[:] = range(args.model_layers)
+    model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached", "--layers",
+                            str(args.model_layers)], check=True, capture_output=True, text=True).stdout.strip()
     ref = hf.Reference(model)
     grids = [setup(ref, tokens) for tokens in args.tokens]  # fails before any server starts
     started_load = load()
@@ -394,14 +402,15 @@ def main() -> int:
     for index, (grid, row) in enumerate(zip(grids, rows)):
         for results in peers.values():
             row.update(results[index])
-        print(f"2 x {grid['tokens']}: HF loop (load {load()})", flush=True)
-        row.update(bench_hf(ref, grid, args.rounds))
+        if not args.no_hf:
+            print(f"{len(LAYERS)} x {grid['tokens']}: HF loop (load {load()})", flush=True)
+            row.update(bench_hf(ref, grid, args.rounds))
         for name, value in list(row.items()):
             if name.startswith("_"):
                 continue
             value["max_diff"] = max_diff(value["grid"], grid["reference"])
             if value["max_diff"] > TOLERANCE:
-                raise SystemExit(f"2 x {grid['tokens']}: {NAMES.get(name, name)} disagrees with the HF reference "
+                raise SystemExit(f"{len(LAYERS)} x {grid['tokens']}: {NAMES.get(name, name)} disagrees with the HF reference "
                                  f"by {value['max_diff']:.3g} (logit difference)")
             value["cells_per_s"] = grid["cells"] / value["seconds"]
     machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch "
@@ -412,7 +421,7 @@ def main() -> int:
         print(f"note: {note}")
     for grid, row in zip(grids, rows):
         ours = row["ours_batched"]["cells_per_s"]
-        print(f"\n2 x {grid['tokens']} ({grid['cells']} cells), load {row['_load'][0]} -> {row['_load'][1]}, "
+        print(f"\n{len(LAYERS)} x {grid['tokens']} ({grid['cells']} cells), load {row['_load'][0]} -> {row['_load'][1]}, "
               f"cached fraction of cell prompt tokens {row['_cached_fraction']:.2f}")
         print(f"  {'way':<30} {'cells/s':>9} {'seconds':>9} {'ours (batched) / it':>20} {'max |diff| vs HF':>17}")
         for name, value in row.items():

@@ -35,7 +35,8 @@ from pathlib import Path
 SEED = 20240601
 HIDDEN = 64
 INTERMEDIATE = 128
-LAYERS = 2
+DEFAULT_LAYERS = 2
+LAYERS = DEFAULT_LAYERS  # --layers N: a deeper model of the same shapes otherwise (benchmarks)
 HEADS = 4
 KV_HEADS = 2
 HEAD_DIM = 32
@@ -111,6 +112,7 @@ def cache_dir() -> Path:
 def cached_model_dir(max_positions: int) -> Path:
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
     suffix = "" if max_positions == DEFAULT_MAX_POSITIONS else f"-pos{max_positions}"
+    suffix += "" if LAYERS == DEFAULT_LAYERS else f"-layers{LAYERS}"
     return cache_dir() / "models" / f"tiny-llama-{digest}{suffix}"
 
 
@@ -302,9 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", nargs="?", type=Path, help="where to write the model")
     parser.add_argument("--max-position-embeddings", type=int, default=DEFAULT_MAX_POSITIONS)
+    parser.add_argument("--layers", type=int, default=DEFAULT_LAYERS, help="decoder layers (default 2)")
     parser.add_argument("--cached", action="store_true", help="build into the cache (or reuse it) and print the dir")
     parser.add_argument("--check", type=Path, metavar="DIR", help="load DIR with transformers and exercise it")
     args = parser.parse_args(argv)
+    global LAYERS
+    if args.layers < 1:
+        parser.error("--layers must be at least 1")
+    LAYERS = args.layers
     if args.check:
         check(args.check)
         return 0
