@@ -43,6 +43,10 @@ SWEEP_FIELDS = {"model", "prompt", "source_run", "clean_prompt", "hook", "layers
                 "prefix_reuse", "executor"}
 EXECUTORS = ("auto", "batched", "requests")
 BATCHED_HOOKS = ("pre_attn", "post_block")  # hooks between layers: the batched executor's cells
+# A batched worker call's work at most (recomputed layer rows x hidden size, about): the engine loop waits
+# for a call, so a long sweep goes in several and other requests step between them.
+CALL_ELEMENTS_ENV = "TOOLKIT_PATCH_SWEEP_CALL_ELEMENTS"
+DEFAULT_CALL_ELEMENTS = 1 << 24
 NOISE_FIELDS = {"positions", "seed", "scale"}
 NOISE_STD_FACTOR = 3.0  # ROME's causal tracing: noise 3x the standard deviation of the embeddings
 CAPTURE_FIELDS = {"model", "prompt", "name", "layers", "hooks"}
@@ -61,6 +65,13 @@ class BadRequest(Exception):
 
 def _max_cells() -> int:
     return int(os.environ.get(MAX_CELLS_ENV, DEFAULT_MAX_CELLS))
+
+
+def _call_elements() -> int:
+    try:
+        return max(1, int(os.environ.get(CALL_ELEMENTS_ENV, DEFAULT_CALL_ELEMENTS)))
+    except ValueError:  # a bad setting keeps the default rather than failing every sweep
+        return DEFAULT_CALL_ELEMENTS
 
 
 # --------------------------------------------------------------------------------------------------
@@ -588,7 +599,7 @@ async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, di
         "source_run": sweep.source_run, "captured_source_run": sweep.source_run if sweep.auto_captured else None,
         "auto_captured": sweep.auto_captured, "answer_token_id": sweep.answer, "foil_token_id": sweep.foil,
         "prompt_token_ids": sweep.prompt_ids, "num_cells": len(cells), "executor": state["executor"],
-        "prefix_reuse": state["reuse"],
+        "batched_calls": state.get("batched_calls"), "prefix_reuse": state["reuse"],
     }
 
 
@@ -622,29 +633,64 @@ async def _batched_cells(engine: Engine, sweep: Sweep, scored: list[int], cells:
         await engine.rpc("discard", key)
         raise
     clean = asyncio.ensure_future(engine.score(sweep.source_ids, scored)) if sweep.baselines else None
+    slices = _call_slices(engine, sweep, cells)
     try:
-        spec = [(sweep.layers[i], sweep.column(j)) for i, j in cells]
-        answer = await engine.rpc("batched_sweep", key, sweep.source_run, sweep.hook, spec, scored, sweep.alpha)
-        if "unsupported" in answer:
-            engine.batched_unsupported = answer["unsupported"]
-            return
-        if "error" in answer:
-            raise BadRequest(f"the sweep could not run: {answer['error']}; send it again", status=409)
-        state["executor"] = "batched"
-        state["alone"] = _measures(alone, sweep) if sweep.baselines else None
+        recomputed = 0
+        for number, part in enumerate(slices):
+            spec = [(sweep.layers[i], sweep.column(j)) for i, j in part]
+            answer = await engine.rpc("batched_sweep", key, sweep.source_run, sweep.hook, spec, scored, sweep.alpha,
+                                      number + 1 < len(slices))
+            if "unsupported" in answer:
+                engine.batched_unsupported = answer["unsupported"]
+                return
+            if "error" in answer:
+                raise BadRequest(f"the sweep could not run: {answer['error']}; send it again", status=409)
+            recomputed += int(answer["recomputed_rows"])
+            if number == 0:
+                state["executor"] = "batched"
+                state["alone"] = _measures(alone, sweep) if sweep.baselines else None
+                corrupt = _measures(dict(zip(scored, answer["corrupt"])), sweep)
+                if clean is not None:
+                    yield "clean", _measures((await clean)[0], sweep)
+                yield "corrupt", corrupt
+            for (i, j), logprobs in zip(part, answer["cells"]):
+                yield (i, j), _measures(dict(zip(scored, logprobs)), sweep)
         n = len(sweep.prompt_ids)
+        state["batched_calls"] = len(slices)
         state["reuse"].update(cached_tokens=sum(min(sweep.column(j)) for _, j in cells),
-                              recomputed_layer_tokens=int(answer["recomputed_rows"]),
-                              cell_layer_tokens=len(cells) * n * engine.num_layers)
-        corrupt = _measures(dict(zip(scored, answer["corrupt"])), sweep)
-        if clean is not None:
-            yield "clean", _measures((await clean)[0], sweep)
-        yield "corrupt", corrupt
-        for (i, j), logprobs in zip(cells, answer["cells"]):
-            yield (i, j), _measures(dict(zip(scored, logprobs)), sweep)
+                              recomputed_layer_tokens=recomputed, cell_layer_tokens=len(cells) * n * engine.num_layers)
     finally:
         if clean is not None and not clean.done():
             clean.cancel()
+        if len(slices) > 1:
+            await engine.rpc("discard", key)
+
+
+def _call_slices(engine: Engine, sweep: Sweep, cells: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
+    """The cells in consecutive worker calls of at most about ``TOOLKIT_PATCH_SWEEP_CALL_ELEMENTS`` recomputed (layer
+    row x hidden) elements each. A worker call holds the engine loop for its duration: between calls the
+    engine steps, so other requests on the server go on during a long sweep, and cells stream as each call
+    returns. A call also reruns the corrupt prompt (n rows a layer), so a call's budget is at least four
+    times that."""
+    n, layers = len(sweep.prompt_ids), engine.num_layers
+    budget = max(_call_elements() // max(engine.hidden_size, 1), 4 * n * layers)
+    offset = 0 if sweep.hook == "pre_attn" else 1
+    slices: list[list[tuple[int, int]]] = [[]]
+    used = 0
+    for i, j in sorted(cells, key=lambda cell: (sweep.layers[cell[0]], cell[1])):
+        first, positions = sweep.layers[i] + offset, sweep.column(j)
+        if first >= layers:
+            rows = 0
+        elif first == layers - 1:
+            rows = len(set(positions) | {n - 1})
+        else:
+            rows = (layers - first) * (n - min(positions))
+        if slices[-1] and used + rows > budget:
+            slices.append([])
+            used = 0
+        slices[-1].append((i, j))
+        used += rows
+    return slices
 
 
 async def _request_cells(engine: Engine, sweep: Sweep, scored: list[int], cells: list[tuple[int, int]],

@@ -425,10 +425,11 @@ def delete(wrapper: Any, name: str) -> bool:
 
 
 def batched_sweep(wrapper: Any, key: str, name: str, hook: str, cells: list[tuple[int, list[int]]],
-                  scored: list[int], alpha: float) -> dict[str, Any]:
-    """Every cell of a sweep in this call (batched.py): ``key`` is the capture of the corrupt run's input
-    to layer 0 (noise included), ``name`` the stored clean run, ``cells`` ``(layer, positions)``."""
-    acts = STATE.pending.pop(key, None) or {}
+                  scored: list[int], alpha: float, keep: bool = False) -> dict[str, Any]:
+    """Cells of a sweep in this call (batched.py): ``key`` is the capture of the corrupt run's input to
+    layer 0 (noise included), ``name`` the stored clean run, ``cells`` ``(layer, positions)``. ``keep``:
+    more calls of the same sweep follow (the server discards the capture after the last)."""
+    acts = (STATE.pending.get(key) if keep else STATE.pending.pop(key, None)) or {}
     embedded = acts.get(("pre_attn", 0))
     run = STATE.runs.get(name)
     if embedded is None or run is None:

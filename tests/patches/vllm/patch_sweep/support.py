@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[4]
 SERVER_ARGS = ["--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--max-model-len", "512",
                "--enable-prompt-tokens-details", "--block-size", "32"]
 SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_ENABLE_STEERING": "1", "TOOLKIT_PATCH_SWEEP_MAX_CELLS": "256",
-              "TOOLKIT_PATCH_RUNS_MAX_BYTES": "200000", "TOOLKIT_ACTIVATIONS_MAX_BYTES": "200000"}
+              "TOOLKIT_PATCH_RUNS_MAX_BYTES": "200000", "TOOLKIT_ACTIVATIONS_MAX_BYTES": "200000",
+              # the smallest batched calls (4 corrupt-prompt passes of rows each): long sweeps go in several
+              "TOOLKIT_PATCH_SWEEP_CALL_ELEMENTS": "1"}
 
 
 @contextlib.contextmanager
