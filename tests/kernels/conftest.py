@@ -70,6 +70,52 @@ def triton_device(monkeypatch) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# The compiled CPU kernels (gather/native.py, gather/native_spans.py)
+
+
+def _has_compiler() -> bool:
+    from toolkit.kernels.superlinear.gather import native
+
+    return native.compiler() is not None
+
+
+requires_compiler = pytest.mark.skipif(torch is not None and not _has_compiler(),
+                                       reason="no C++ compiler on this machine")
+
+
+@pytest.fixture
+def fresh_native(monkeypatch, tmp_path):
+    """The compiled kernels built afresh into an empty cache dir; the process's own state restored after."""
+    from toolkit.kernels.superlinear.gather import native
+
+    monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TOOLKIT_SUPERLINEAR_NATIVE", "1")
+    native.reset()
+    yield tmp_path
+    native.reset()
+
+
+def two_calls_and_warnings(seed: int, dim: int):
+    """The naive result, two gather calls' results and the RuntimeWarning lines the calls gave (a
+    kernel that cannot be built must warn once and fall back to the torch path's equal results)."""
+    import warnings
+
+    from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
+    from toolkit.kernels.superlinear.gather import gather_superlinear_attention
+    from toolkit.kernels.superlinear.naive import naive_superlinear_attention
+
+    q1, q2, k, v = make_inputs(1, 4, 2, 300, dim, seed=seed)
+    params = SuperlinearParams(sw_index=1)
+    ref = naive_superlinear_attention(q1, q2, k, v, None, None, params)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = gather_superlinear_attention(q1, q2, k, v, None, None, params)
+        again = gather_superlinear_attention(q1, q2, k, v, None, None, params)
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    return ref, out, again, messages
+
+
+# --------------------------------------------------------------------------------------------------
 # Data helpers
 
 

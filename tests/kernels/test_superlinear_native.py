@@ -7,7 +7,6 @@ order, so both searches must pick the same anchors, ties included (many exact ti
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 import torch
@@ -17,21 +16,8 @@ from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
 from toolkit.kernels.superlinear.gather import gather_superlinear_attention, gather_superlinear_search, native
 from toolkit.kernels.superlinear.naive import naive_superlinear_attention
 
-from .conftest import left_padding_mask, make_inputs
+from .conftest import left_padding_mask, make_inputs, requires_compiler, two_calls_and_warnings
 from .test_superlinear_gather import case_strategy, run_both
-
-requires_compiler = pytest.mark.skipif(native.compiler() is None, reason="no C++ compiler on this machine")
-
-
-@pytest.fixture
-def fresh_native(monkeypatch, tmp_path):
-    """The kernel built afresh into an empty cache dir; the process's own state restored after."""
-    monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("TOOLKIT_SUPERLINEAR_NATIVE", "1")
-    native.reset()
-    yield tmp_path
-    native.reset()
-
 
 def both_searches(monkeypatch, q1, k, positions, mask, params):
     monkeypatch.setenv("TOOLKIT_SUPERLINEAR_NATIVE", "1")
@@ -111,14 +97,7 @@ def test_no_compiler_falls_back_with_one_warning(monkeypatch, fresh_native):
     """No compiler: one RuntimeWarning line naming why, no traceback, and the torch search's results
     (equal to naive) on every later call without a second warning."""
     monkeypatch.setattr(native, "compiler", lambda: None)
-    q1, q2, k, v = make_inputs(1, 4, 2, 300, 16, seed=2)
-    params = SuperlinearParams(sw_index=1)
-    ref = naive_superlinear_attention(q1, q2, k, v, None, None, params)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = gather_superlinear_attention(q1, q2, k, v, None, None, params)
-        again = gather_superlinear_attention(q1, q2, k, v, None, None, params)
-    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    ref, out, again, messages = two_calls_and_warnings(seed=2, dim=16)
     assert len(messages) == 1, messages
     assert "no C++ compiler" in messages[0] and "\n" not in messages[0]
     assert native.library() is None

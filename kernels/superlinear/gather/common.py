@@ -67,6 +67,7 @@ class KeyRow:
     kv_heads: int
     key_len: int
     blocks: int
+    native_layout: tuple[torch.Tensor, torch.Tensor] | None = None  # native_spans.key_layout, made at first use
 
     @classmethod
     def build(cls, k_row: torch.Tensor, v_row: torch.Tensor, mask: torch.Tensor | None,

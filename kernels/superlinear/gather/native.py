@@ -166,10 +166,6 @@ extern "C" int superlinear_search(
 
 FLAGS = ["-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-pthread"]
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_tried = False
-_why_not: str | None = None
 
 
 def cache_dir() -> Path:
@@ -192,27 +188,33 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _build() -> ctypes.CDLL:
+def compile_source(source: str, stem: str) -> Path:
+    """The shared library built from ``source`` (cached under ``cache_dir()`` by a name keyed by the
+    source, the compiler, the flags and the CPU); raises RuntimeError with one line if it cannot."""
     cxx = compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler (c++, g++ or clang++) on PATH")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60).stdout
-    digest = hashlib.sha256("\0".join([SOURCE, version, " ".join(FLAGS), platform.machine(), _cpu_id()])
+    digest = hashlib.sha256("\0".join([source, version, " ".join(FLAGS), platform.machine(), _cpu_id()])
                             .encode()).hexdigest()[:16]
-    target = cache_dir() / f"search-{digest}.so"
+    target = cache_dir() / f"{stem}-{digest}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            src = Path(tmp) / "search.cpp"
-            src.write_text(SOURCE)
-            built = Path(tmp) / "search.so"
+            src = Path(tmp) / f"{stem}.cpp"
+            src.write_text(source)
+            built = Path(tmp) / f"{stem}.so"
             proc = subprocess.run([cxx, *FLAGS, str(src), "-o", str(built)], capture_output=True, text=True,
                                   timeout=300)
             if proc.returncode != 0:
                 first = (proc.stderr.strip().splitlines() or ["no output"])[0]
                 raise RuntimeError(f"{Path(cxx).name} failed: {first}")
             os.replace(built, target)  # atomic: concurrent builders leave one complete file
-    lib = ctypes.CDLL(str(target))
+    return target
+
+
+def _build() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(compile_source(SOURCE, "search")))
     fn = lib.superlinear_search
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 8
@@ -223,35 +225,58 @@ def enabled() -> bool:
     return os.environ.get("TOOLKIT_SUPERLINEAR_NATIVE", "1") not in ("0", "", "false", "no")
 
 
+class LazyKernel:
+    """A compiled kernel loaded at first use: the library, or None when turned off
+    (``TOOLKIT_SUPERLINEAR_NATIVE=0``), when ``requires`` is None, or when the build fails (one
+    warning line naming ``what`` and the torch path taken instead; not tried again until ``reset``)."""
+
+    def __init__(self, build, what: str, fallback: str, requires=None):
+        self._build, self._what, self._fallback, self._requires = build, what, fallback, requires
+        self._lock = threading.Lock()
+        self._lib: ctypes.CDLL | None = None
+        self._tried = False
+        self.why_not: str | None = None
+
+    def library(self) -> ctypes.CDLL | None:
+        if not enabled() or (self._requires is not None and self._requires() is None):
+            return None
+        if self._tried:
+            return self._lib
+        with self._lock:
+            if not self._tried:
+                try:
+                    self._lib = self._build()
+                except Exception as exc:  # any failure: the torch path, one warning line
+                    self.why_not = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                    warnings.warn(f"superlinear: {self._what} unavailable ({self.why_not}); using the "
+                                  f"{self._fallback}", RuntimeWarning, stacklevel=4)
+                self._tried = True
+        return self._lib
+
+    def reset(self) -> None:
+        with self._lock:
+            self._lib, self._tried, self.why_not = None, False, None
+
+
+KERNELS: list[LazyKernel] = []  # every kernel built with compile_source (reset forgets them all)
+_search = LazyKernel(lambda: _build(), "compiled CPU search", "torch search")
+KERNELS.append(_search)
+
+
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, or None (turned off, or not buildable here: warned once)."""
-    global _lib, _tried, _why_not
-    if not enabled():
-        return None
-    if _tried:
-        return _lib
-    with _lock:
-        if not _tried:
-            try:
-                _lib = _build()
-            except Exception as exc:  # any failure: the torch path, one warning line
-                _why_not = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                warnings.warn(f"superlinear: compiled CPU search unavailable ({_why_not}); using the torch "
-                              "search", RuntimeWarning, stacklevel=3)
-            _tried = True
-    return _lib
+    """The compiled search kernel, or None (turned off, or not buildable here: warned once)."""
+    return _search.library()
 
 
 def why_not() -> str | None:
     """Why the last build attempt failed (None if it worked or was not tried)."""
-    return _why_not
+    return _search.why_not
 
 
 def reset() -> None:
-    """Forget the loaded kernel (tests: rebuild, or simulate a machine without a compiler)."""
-    global _lib, _tried, _why_not
-    with _lock:
-        _lib, _tried, _why_not = None, False, None
+    """Forget the loaded kernels (tests: rebuild, or simulate a machine without a compiler)."""
+    for kernel in KERNELS:
+        kernel.reset()
 
 
 def usable(*tensors: torch.Tensor) -> bool:
