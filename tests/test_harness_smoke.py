@@ -162,3 +162,19 @@ def test_caller_flags_replace_the_cpu_defaults(tmp_path):
     assert "--max-model-len=1024" in command and "512" not in command
     assert "--enforce-eager" not in command and command[-1] == "--no-enforce-eager"
     assert command[command.index("--kv-cache-memory-bytes") + 1] == "67108864"
+
+
+def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time():
+    """scripts/test.sh's scheduling (tests/harness/workers.py): what unit each test id goes in."""
+    from tests.harness.workers import SPLIT_BY_RELEASE, schedule_unit
+
+    tito = "tests/patches/sglang/tito/test_serving.py"
+    sweep = "tests/patches/vllm/patch_sweep/test_server.py"
+    assert tito in SPLIT_BY_RELEASE and sweep in SPLIT_BY_RELEASE
+    assert schedule_unit("tests/toolkit/test_cli.py::test_exit_codes") == "tests/toolkit/test_cli.py"
+    assert schedule_unit("tests/toolkit/test_cli.py::test_x[0.5.9]") == "tests/toolkit/test_cli.py"  # not listed
+    assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == f"{tito}::0.5.10.post1"
+    assert schedule_unit(f"{tito}::test_b[0.5.10]") == f"{tito}::0.5.10"
+    assert schedule_unit(f"{sweep}::test_c[0.33.0-block-logitdiff-spans]") == f"{sweep}::0.33.0"
+    assert schedule_unit(f"{sweep}::test_d") == sweep  # no release: the file's own unit
+    assert schedule_unit(f"{sweep}::test_e[empty-span]") == sweep

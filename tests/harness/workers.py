@@ -8,6 +8,10 @@ sharing a venv would see each other's patches. So each xdist worker runs on a pr
 the cache (models, sources, side venvs) are the shared ones, by symlink. A copy takes seconds and is
 made afresh at each worker's start, so nothing a killed run left carries over.
 
+Scheduling (``--dist loadfile``, what scripts/test.sh asks for): a worker takes a test file at a time,
+except the long per-release files in ``SPLIT_BY_RELEASE``, taken a release at a time, so that their
+release groups run on several workers at once.
+
 Without xdist (a plain ``pytest``), nothing changes.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import re
 import subprocess
 from pathlib import Path
 
@@ -73,3 +78,39 @@ def pytest_configure(config) -> None:
     private = shared / "workers" / worker
     make_worker_cache(shared, private)
     os.environ["TOOLKIT_CACHE_DIR"] = str(private)
+
+
+# Files whose release groups each take minutes (an SGLang release's serving driver started three times,
+# a vLLM line's sweep server): scheduled a release at a time rather than a file at a time.
+SPLIT_BY_RELEASE = (
+    "tests/patches/sglang/tito/test_serving.py",
+    "tests/patches/sglang/token_ids/test_serving.py",
+    "tests/patches/sglang/superlinear/test_releases.py",
+    "tests/patches/vllm/patch_sweep/test_server.py",
+)
+RELEASE = re.compile(r"\d+\.\d+\.\d+(?:\.post\d+)?")
+
+
+def schedule_unit(nodeid: str) -> str:
+    """The unit a worker takes at once: the test's file, or in ``SPLIT_BY_RELEASE`` the file and the
+    first release named in the test's parameters."""
+    path = nodeid.split("::", 1)[0]
+    if path in SPLIT_BY_RELEASE and nodeid.endswith("]") and "[" in nodeid:
+        release = RELEASE.search(nodeid[nodeid.index("["):])
+        if release:
+            return f"{path}::{release.group(0)}"
+    return path
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (scripts/test.sh), with the files above split by release; any other mode as
+    xdist has it (its own hook answers)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ReleaseSplitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return schedule_unit(nodeid)
+
+    return ReleaseSplitScheduling(config, log)
