@@ -11,10 +11,11 @@ tiny model's tokenizer; nothing downloaded):
 * ``superlinear``: superlinear attention with ``--superlinear-config`` (default: the published
   package's example, sw_index=3, backward 3, forward 1), timed.
 
-Timed per prompt length (fresh random token ids, no prefix cache): time to first token (a
-``max_tokens=1`` request) and decode tokens/s (``(N - 1) / (T_N - T_1)`` from an ``N``-token
-request of another fresh prompt of the same length).  Lengths the server cannot hold are reported,
-not fatal.  Then the kernel benchmark (``scripts/bench_superlinear.py --gpu``).
+Timed per prompt length (fresh random token ids, no prefix cache), from one streamed ``N``-token
+request: time to first token (when the first generated token arrives) and decode tokens/s (the
+tokens after the first over the time from the first to the last; both ends inside one request, so
+no difference of two requests' times that noise can make negative).  Lengths the server cannot
+hold are reported, not fatal.  Then the kernel benchmark (``scripts/bench_superlinear.py --gpu``).
 
 ``--dry-run`` runs the same code path on CPU, anywhere: tiny model (2 layers, head dim 32), the CPU
 engine venvs, ``TRITON_INTERPRET=1`` and ``TOOLKIT_SUPERLINEAR_IMPL=triton`` in the servers, so the
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,6 +155,44 @@ def request(engine: str, server, model: str, ids: list[int], max_tokens: int):
     return generate_sglang(server.base_url, ids, max_tokens)
 
 
+def streamed_timing(engine: str, base_url: str, model: str, ids: list[int], max_tokens: int,
+                    timeout: float = 3600) -> dict:
+    """One streamed greedy request: when each generated token arrived (vLLM's ``/v1/completions``,
+    tokens counted by their logprob entries; SGLang's ``/generate``, by ``completion_tokens``)."""
+    if engine == "vllm":
+        path, body = "/v1/completions", {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+                                         "logprobs": 1, "ignore_eos": True, "stream": True}
+    else:
+        path, body = "/generate", {"input_ids": ids, "stream": True, "sampling_params": {
+            "temperature": 0, "max_new_tokens": max_tokens, "ignore_eos": True}}
+    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    arrivals: list[tuple[float, int]] = []  # (seconds since the request, tokens so far)
+    tokens = 0
+    start = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data:"):])
+            if engine == "vllm":
+                got = sum(len((c.get("logprobs") or {}).get("tokens") or []) for c in chunk.get("choices", []))
+                now_tokens = tokens + got
+            else:
+                now_tokens = int(chunk.get("meta_info", {}).get("completion_tokens", tokens))
+            if now_tokens > tokens:
+                tokens = now_tokens
+                arrivals.append((time.perf_counter() - start, tokens))
+    total = time.perf_counter() - start
+    if not arrivals:
+        raise ServerFailed(f"the streamed request of {len(ids)} tokens generated nothing")
+    (first_s, first_tokens), (last_s, last_tokens) = arrivals[0], arrivals[-1]
+    gap = last_s - first_s
+    return {"ttft_s": first_s, "total_s": total, "tokens": tokens, "chunks": len(arrivals),
+            "decode_tok_s": (last_tokens - first_tokens) / gap if gap > 0 else None}
+
+
 class ServerFailed(RuntimeError):
     """A server failed a request it must answer; the message carries its log's tail."""
 
@@ -184,11 +224,8 @@ def _measure(engine, server, model, lengths, decode_tokens, check, timed, label,
         rows = {}
         for n in lengths:
             try:
-                first = request(engine, server, model, prompt_ids(n - 1, seed=10 + n), 1)
-                full = request(engine, server, model, prompt_ids(n - 1, seed=20 + n), decode_tokens)
-                gap = full.seconds - first.seconds
-                rows[n] = {"ttft_s": first.seconds, "total_s": full.seconds,
-                           "decode_tok_s": (decode_tokens - 1) / gap if gap > 0 else None}
+                rows[n] = streamed_timing(engine, server.base_url, model, prompt_ids(n - 1, seed=20 + n),
+                                          decode_tokens)
             except Exception as exc:  # a length the server cannot hold: reported, not fatal
                 rows[n] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
             print(f"{engine:>7} {label:>12} {n:>8} tokens: {rows[n]}", file=sys.stderr, flush=True)

@@ -35,7 +35,9 @@ def test_gpu_script_dry_run_end_to_end(engine, env_name, tmp_path):
     assert eng["covering_equal"], eng
     assert "impl=triton" in eng["covering"].get("superlinear_log", ""), eng["covering"]  # the kernels ran
     assert len(eng["dense"]["check"]) == 3 and all(len(t) == 12 for t in eng["dense"]["check"])
-    for row in eng["rows"]:
+    for row in eng["rows"]:  # every timed request streamed all its tokens, one at a time
+        for side in ("dense", "superlinear"):
+            assert row[side]["tokens"] == result["decode_tokens"] == row[side]["chunks"], row
         assert "ttft_ratio" in row and "decode_ratio" in row, row
     if engine == "vllm":
         rows = result["kernels"]["rows"]
