@@ -46,7 +46,8 @@ start=$SECONDS
 # Two workers (pytest-xdist) on the two cores: much of a run waits on engine start-ups and subprocesses.
 # A worker takes a test file at a time, except that the long per-release files go a release at a time
 # (tests/harness/workers.py, SPLIT_BY_RELEASE); each worker gets its own copies of the engine venvs. TOOLKIT_TEST_WORKERS=0 runs serially; `-n 0` among the arguments too.
-"$DEV_PYTHON" -m pytest -p no:cacheprovider -n "${TOOLKIT_TEST_WORKERS:-2}" --dist loadfile "$@"
+# --durations: the slowest tests are named in every CI log, where cutting the run's time starts.
+"$DEV_PYTHON" -m pytest -p no:cacheprovider -n "${TOOLKIT_TEST_WORKERS:-2}" --dist loadfile --durations=40 "$@"
 code=$?
 printf '%s\t%s\n' "$((SECONDS - start))" "pytest (all)" >> "$PHASES"
 set -e

@@ -339,8 +339,8 @@ def _slim_site(name: str, package: str) -> Callable[[Path], Path]:
 REAL = [("sglang-0.5.23", "sglang"), ("vllm-0.33.0", "vllm")]
 
 
-# Thousands of faulted runs over real sources: the two cases together ran past 10 minutes alone on this 2-core
-# machine, and vLLM's passed the 900 s default when three test workers shared the cores.
+# Thousands of faulted runs over real sources: ~2.7 minutes for the two cases alone on this 2-core machine
+# (past 10 before the patch registry was remembered between calls); room for workers sharing the cores.
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("name,package", REAL)
 def test_every_failing_call_on_a_real_tree(name, package, fault_dir, capsys):

@@ -50,6 +50,31 @@ def test_another_package_can_ship_a_patch_through_the_entry_point_group(tmp_path
     assert patches[-1].id == "demo"  # this project's own come first, in pyproject's order
 
 
+def test_a_distribution_installed_later_is_found_on_the_next_call(tmp_path, monkeypatch):
+    """The registry is remembered between calls, but not past an install into a folder on the path."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert ("sglang", "demo") not in [(p.engine, p.id) for p in all_patches()]
+    _fake_distribution(tmp_path, "late-patch", "[toolkit.patches]\ndemo = tests.toolkit.demo_patches:DEMO\n")
+    assert ("sglang", "demo") in [(p.engine, p.id) for p in all_patches()]
+
+
+def test_the_registry_is_read_once_while_nothing_is_installed(monkeypatch):
+    from importlib import metadata
+
+    reads = []
+    real = metadata.entry_points
+
+    def counting(**params):
+        reads.append(params)
+        return real(**params)
+
+    monkeypatch.setattr(metadata, "entry_points", counting)
+    first = all_patches()
+    first.clear()  # a caller's copy: changing it changes nothing remembered
+    assert all_patches() == all_patches() != []
+    assert len(reads) == 1
+
+
 def test_two_packages_declaring_one_patch_id_is_an_error(tmp_path, monkeypatch):
     from toolkit.patches import RegistryError
 
