@@ -35,10 +35,16 @@ def test_gpu_script_dry_run_end_to_end(engine, env_name, tmp_path):
     assert eng["covering_equal"], eng
     assert "impl=triton" in eng["covering"].get("superlinear_log", ""), eng["covering"]  # the kernels ran
     assert len(eng["dense"]["check"]) == 3 and all(len(t) == 12 for t in eng["dense"]["check"])
-    for row in eng["rows"]:  # every timed request streamed all its tokens, one at a time
+    for row in eng["rows"]:  # every timed request streamed all its tokens
         for side in ("dense", "superlinear"):
-            assert row[side]["tokens"] == result["decode_tokens"] == row[side]["chunks"], row
-        assert "ttft_ratio" in row and "decode_ratio" in row, row
+            timed = row[side]
+            assert timed["tokens"] == result["decode_tokens"] and 1 <= timed["chunks"] <= timed["tokens"], row
+        # The interpreted kernels take ~1 s a token: their tokens arrive apart, so a decode rate is measured.
+        # The dense CPU server decodes 5 tokens in well under a ms: under load SGLang sent two in one chunk
+        # (6 tokens, 5 chunks), and all in one would leave no rate to measure; then no ratio is claimed.
+        assert row["superlinear"]["chunks"] >= 2 and row["superlinear"]["decode_tok_s"] > 0, row
+        assert "ttft_ratio" in row, row
+        assert ("decode_ratio" in row) == bool(row["dense"]["decode_tok_s"]), row
     if engine == "vllm":
         rows = result["kernels"]["rows"]
         assert [r["op"] for r in rows] == ["prefill", "prefill-paged", "decode", "decode-paged"]
