@@ -21,6 +21,7 @@ from toolkit import engine as _engine
 from toolkit.api import ids_for, resolve_engines
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
+from toolkit.patches import RegistryError
 from toolkit.sources import load_source
 
 STATE_STYLE = {"applied": "green", "not applied": "dim", "partial": "yellow", "drifted": "red",
@@ -349,6 +350,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except PatchError as exc:
         _report(args, errors, exc, "drift" if isinstance(exc, DriftError) else "error")
+        return 1
+    except RegistryError as exc:  # another installed package's patch entry point: not our bug, theirs to fix
+        _report(args, errors, exc, "error")
         return 1
     except KeyboardInterrupt:
         errors.print("interrupted")
