@@ -202,7 +202,7 @@ def ensure_slim(dist: str, version: str, *, offline: bool = False, keep_wheel: b
         return build_slim(load_source(unpacked), needed, dest)
     if offline:
         sys.exit(f"error: no slim tree for {dist}=={version} with every edited file, and --offline forbids the download")
-    with fetch_sources.locked(fetch_sources.sources_dir() / ".lock"):
+    with fetch_sources.source_lock(dist, version):
         wheel = fetch_sources.download(dist, version)
         build_slim(load_source(wheel), needed, dest)
         if not (keep_wheel or f"{dist}=={version}" in fetch_sources.DEFAULT_SOURCES):

