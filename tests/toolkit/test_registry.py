@@ -96,7 +96,6 @@ def test_a_patch_that_does_not_load_is_named(tmp_path, monkeypatch):
         all_patches()
 
 
-
 def test_the_cli_names_a_broken_patch_entry_point_in_one_sentence(tmp_path, monkeypatch, capsys):
     """Another package's broken entry point is that package's fault: exit 1 and its name, not "internal error"."""
     from toolkit import cli
@@ -108,6 +107,7 @@ def test_the_cli_names_a_broken_patch_entry_point_in_one_sentence(tmp_path, monk
     err = capsys.readouterr().err.strip()
     assert "broken = no_such_module_here:PATCH does not load" in err and "internal error" not in err, err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+
 
 # Inside an engine process only the package's light front door and the patch's own modules may load.
 ALLOWED_IN_ENGINE = ("toolkit", "toolkit.version", "toolkit.lazy", "toolkit.patches")  # the front door, stdlib only
