@@ -309,6 +309,28 @@ def reread(path: Path) -> list[Cell]:
     return cells
 
 
+def fetch_only(releases: list[tuple[str, str]], *, jobs: int) -> int:
+    """Build every release's slim tree, ``jobs`` at a time (each mostly waits on the index); 1 when any failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for dist in {d for d, _ in releases}:
+        edited_files(LINES[dist][0])  # the registry read once, before the threads
+
+    def one(release: tuple[str, str]) -> str | None:
+        try:
+            ensure_slim(*release)
+        except (Exception, SystemExit) as exc:  # every failure named, the others still fetched
+            return f"{release[0]}=={release[1]}: {exc}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        failures = [f for f in pool.map(one, sorted(set(releases))) if f]
+    for failure in failures:
+        print(f"error: slim tree not built: {failure}", file=sys.stderr)
+    print(f"{len(set(releases)) - len(failures)} of {len(set(releases))} slim trees ready", file=sys.stderr)
+    return 1 if failures else 0
+
+
 def run(releases: list[tuple[str, str]], *, offline: bool, keep_wheels: bool) -> list[Cell]:
     cells: list[Cell] = []
     order = list(LINES)
@@ -502,7 +524,14 @@ def main(argv: list[str] | None = None) -> int:
                              "the releases again; declared and the test columns are read afresh")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a declared release x patch lacks anchors, golden or a behaviour test")
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="only build the releases' slim trees (downloads side by side, --jobs at a time), "
+                             "check nothing: scripts/test.sh's setup, so the tests only read the cache")
+    parser.add_argument("--jobs", type=int, default=4, help="downloads at once with --fetch-only (default 4)")
     args = parser.parse_args(argv)
+    if args.fetch_only:
+        releases = args.release or [(d, v) for d in LINES for v in RELEASES[d]]
+        return fetch_only(releases, jobs=max(1, args.jobs))
     if args.cells:
         cells = reread(args.cells)
     else:

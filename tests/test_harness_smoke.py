@@ -8,6 +8,8 @@ of the server alive and no temp dir. The others drive EngineServer with fake int
 from __future__ import annotations
 
 import _thread
+import json
+import os
 import signal
 import stat
 import threading
@@ -18,7 +20,7 @@ import httpx
 import pytest
 
 from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENV, sglang_env
-from toolkit.verify.server import EngineServer, ServerStartError, pid_alive
+from toolkit.verify.server import MODELINFO_CACHE_ENV, EngineServer, ServerStartError, pid_alive
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello to the tests."}]
 
@@ -46,9 +48,15 @@ def assert_all_gone(pids: list[int], starts: dict[int, int], tmp_dir: Path) -> N
 
 @pytest.mark.engine
 @pytest.mark.server
-def test_vllm_cpu_server_returns_prompt_ids_equal_to_the_local_chat_template(engine_python, tiny_model):
+def test_vllm_cpu_server_returns_prompt_ids_equal_to_the_local_chat_template(engine_python, tiny_model, tmp_path):
+    """Also: the model-class inspection is kept for the next server (TOOLKIT_VLLM_MODELINFO_CACHE, set
+    for the whole suite), and a server that finds it kept reads it instead of inspecting again."""
     python = engine_python(VLLM_ENV)
-    with EngineServer("vllm", python, tiny_model, timeout=300) as server:
+    kept = Path(os.environ[MODELINFO_CACHE_ENV]) / VLLM_ENV
+    had = sorted(kept.glob("*LlamaForCausalLM.json")) if kept.is_dir() else []
+    log = tmp_path / "server.log"
+    with EngineServer("vllm", python, tiny_model, env={"VLLM_LOGGING_LEVEL": "DEBUG"}, timeout=300,
+                      log_path=log) as server:
         pids = server.process_tree()
         assert server.pid in pids and len(pids) >= 2  # the API server and its engine core
         first = greedy_chat(server, tiny_model, return_token_ids=True)
@@ -60,6 +68,10 @@ def test_vllm_cpu_server_returns_prompt_ids_equal_to_the_local_chat_template(eng
     assert choice["message"]["content"]
     assert choice["token_ids"] == again["choices"][0]["token_ids"]  # greedy is deterministic
     assert_all_gone(pids + list(starts), starts, tmp_dir)
+    (entry,) = kept.glob("*LlamaForCausalLM.json")
+    assert json.loads(entry.read_text())["hash"]
+    if had:  # an earlier server of the suite kept it: this one must have read it
+        assert "LlamaForCausalLM from cache" in log.read_text()
 
 
 @pytest.mark.engine

@@ -14,6 +14,7 @@ removes the temporary directory. Needs psutil (the `verify` extra; every engine 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import signal
@@ -55,6 +56,9 @@ SGLANG_CPU_ARGS = (
 SGLANG_CUDA_GRAPH_FLAG_BEFORE = "0.5.23"
 
 STOP_GRACE_S = 20.0
+# A directory where vLLM's model-class inspections are kept between servers (per engine release): each
+# server still has its own cache root, seeded from here. Off unless set (the test suite sets it).
+MODELINFO_CACHE_ENV = "TOOLKIT_VLLM_MODELINFO_CACHE"
 
 
 class ServerStartError(RuntimeError):
@@ -289,6 +293,7 @@ class EngineServer:
         except BaseException:
             self.stop()
             raise
+        self._save_modelinfos()  # healthy: vLLM has inspected the model class by now
 
     def stop(self) -> None:
         """SIGTERM the process group, wait, SIGKILL what remains by PID, remove the temp dir."""
@@ -379,6 +384,43 @@ class EngineServer:
         return [self.python, "-m", "sglang.launch_server", "--model-path", self.model,
                 "--host", self.host, "--port", str(self.port), *_merge_args(defaults, self.server_args)]
 
+    def _modelinfo_dirs(self) -> tuple[Path, Path] | None:
+        """(kept, this server's) directories of vLLM's model-class inspections, when
+        ``TOOLKIT_VLLM_MODELINFO_CACHE`` names a directory to keep them in between servers."""
+        kept = os.environ.get(MODELINFO_CACHE_ENV)
+        if self.engine != "vllm" or not kept or self.tmp_dir is None:
+            return None
+        return Path(kept) / f"{self.distribution}-{self.version}", self.tmp_dir / "vllm-cache" / "modelinfos"
+
+    def _seed_modelinfos(self) -> None:
+        """vLLM inspects the model class in a subprocess that imports vLLM and torch again (seconds of
+        CPU per start) unless its cache root has the result; each server has its own cache root, so
+        seed it with what an earlier server of the same release found. vLLM checks each entry against
+        the hash of the model's source file, so one that no longer matches is ignored and redone."""
+        dirs = self._modelinfo_dirs()
+        if dirs is None:
+            return
+        kept, mine = dirs
+        mine.mkdir(parents=True, exist_ok=True)
+        for path in kept.glob("*.json") if kept.is_dir() else ():
+            with contextlib.suppress(OSError):
+                shutil.copyfile(path, mine / path.name)
+
+    def _save_modelinfos(self) -> None:
+        dirs = self._modelinfo_dirs()
+        if dirs is None:
+            return
+        kept, mine = dirs
+        for path in mine.glob("*.json") if mine.is_dir() else ():
+            target = kept / path.name
+            with contextlib.suppress(OSError):
+                if target.is_file() and target.read_bytes() == path.read_bytes():
+                    continue
+                kept.mkdir(parents=True, exist_ok=True)
+                partial = kept / f".{path.name}.{os.getpid()}.partial"
+                shutil.copyfile(path, partial)
+                os.replace(partial, target)  # atomic: servers of other test workers read it
+
     def _env(self) -> dict[str, str]:
         assert self.tmp_dir is not None
         env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
@@ -387,6 +429,7 @@ class EngineServer:
         tmp = self.tmp_dir
         for sub in ("tmp", "hf-home", "xdg-cache", "vllm-cache", "sglang-cache", "triton-cache", "inductor-cache"):
             (tmp / sub).mkdir(exist_ok=True)
+        self._seed_modelinfos()
         env.update({
             "TMPDIR": str(tmp / "tmp"),
             "HF_HOME": str(tmp / "hf-home"),

@@ -1,10 +1,17 @@
 """Time spent per test folder, for ``scripts/test.sh``'s closing table (so CI time can be watched).
 
 A pytest plugin: it adds up setup, call and teardown of every test under its folder (two levels below
-``tests/``, e.g. ``tests/patches/vllm``), prints the table in the terminal summary and, when
-``TOOLKIT_PHASES_FILE`` names a file, appends one ``seconds<TAB>phase`` line per folder to it. When
-``TOOLKIT_DURATIONS_FILE`` names a file, every setup, call or teardown of a second or more is appended
-to it as it ends (``seconds<TAB>when<TAB>nodeid``): where CI's time goes, readable while it runs.
+``tests/``, e.g. ``tests/patches/vllm``), wall seconds and CPU seconds, prints the table in the
+terminal summary and, when ``TOOLKIT_PHASES_FILE`` names a file, appends one ``seconds<TAB>phase``
+line per folder to it (``pytest FOLDER`` for the wall time, ``pytest FOLDER (cpu)`` for the CPU time).
+When ``TOOLKIT_DURATIONS_FILE`` names a file, every setup, call or teardown of a second or more is
+appended to it as it ends (``seconds<TAB>when<TAB>nodeid``): where CI's time goes, readable while it runs.
+
+CPU seconds are the test process's own user + system time plus that of its children once they have
+ended and been waited for (``os.times``): engine servers and drivers, which do most of the work, count
+when the test that started them stops them. A process still running (a session's server) counts at
+the teardown that stops it. Under xdist each worker measures its own tests and the number rides to the
+controller on the report (``user_properties``).
 """
 
 from __future__ import annotations
@@ -12,7 +19,11 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
+import pytest
+
 _SECONDS: dict[str, float] = defaultdict(float)
+_CPU: dict[str, float] = defaultdict(float)
+CPU_PROPERTY = "toolkit_cpu_seconds"
 
 
 def _folder(nodeid: str) -> str:
@@ -20,8 +31,52 @@ def _folder(nodeid: str) -> str:
     return "/".join(parts[:3]) or "tests"
 
 
+def _cpu_now() -> float:
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def _measured(item, when: str):
+    start = _cpu_now()
+    try:
+        yield
+    finally:
+        item.stash.setdefault(_CPU_KEY, {})[when] = _cpu_now() - start
+
+
+_CPU_KEY = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _measured(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _measured(item, "call")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from _measured(item, "teardown")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    seconds = item.stash.get(_CPU_KEY, {}).get(call.when)
+    if seconds is not None:
+        report.user_properties = [*report.user_properties, (CPU_PROPERTY, round(seconds, 3))]
+
+
 def pytest_runtest_logreport(report) -> None:
-    _SECONDS[_folder(report.nodeid)] += report.duration
+    folder = _folder(report.nodeid)
+    _SECONDS[folder] += report.duration
+    for name, value in getattr(report, "user_properties", ()) or ():
+        if name == CPU_PROPERTY:
+            _CPU[folder] += float(value)
     path = os.environ.get("TOOLKIT_DURATIONS_FILE")
     if path and report.duration >= 1.0 and not os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: the controller  # each slow step as it ends, so a run still going can be read
         with open(path, "a") as handle:
@@ -31,11 +86,12 @@ def pytest_runtest_logreport(report) -> None:
 def pytest_terminal_summary(terminalreporter) -> None:
     if not _SECONDS:
         return
-    terminalreporter.section("time per test folder")
+    terminalreporter.section("time per test folder (wall seconds, CPU seconds incl. finished children)")
     for folder, seconds in sorted(_SECONDS.items(), key=lambda item: -item[1]):
-        terminalreporter.write_line(f"{seconds:8.1f}s  {folder}")
+        terminalreporter.write_line(f"{seconds:8.1f}s wall {_CPU.get(folder, 0.0):8.1f}s cpu  {folder}")
     path = os.environ.get("TOOLKIT_PHASES_FILE")
     if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: the controller's totals, once
         with open(path, "a") as handle:
             for folder, seconds in sorted(_SECONDS.items()):
                 handle.write(f"{seconds:.1f}\tpytest {folder}\n")
+                handle.write(f"{_CPU.get(folder, 0.0):.1f}\tpytest {folder} (cpu)\n")

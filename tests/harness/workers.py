@@ -69,12 +69,15 @@ def make_worker_cache(shared: Path, private: Path) -> None:
 
 
 def pytest_configure(config) -> None:
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
-        return
     from tests.harness.fixtures import toolkit_cache_dir
 
     shared = toolkit_cache_dir()
+    # vLLM's model-class inspection kept between the suite's servers (toolkit.verify.server): one less
+    # vLLM import per server start; shared by the workers (entries are written by rename).
+    os.environ.setdefault("TOOLKIT_VLLM_MODELINFO_CACHE", str(shared / "vllm-modelinfos"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
     private = shared / "workers" / worker
     make_worker_cache(shared, private)
     os.environ["TOOLKIT_CACHE_DIR"] = str(private)
