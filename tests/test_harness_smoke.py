@@ -178,15 +178,21 @@ def test_caller_flags_replace_the_cpu_defaults(tmp_path):
 
 def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time():
     """scripts/test.sh's scheduling (tests/harness/workers.py): what unit each test id goes in."""
-    from tests.harness.workers import SPLIT_BY_RELEASE, schedule_unit
+    from tests.harness.workers import MERGED_BY_RELEASE, SPLIT_BY_RELEASE, schedule_unit
 
     tito = "tests/patches/sglang/tito/test_serving.py"
+    token_ids = "tests/patches/sglang/token_ids/test_serving.py"
+    splice = "tests/patches/sglang/tito/test_splice.py"
     sweep = "tests/patches/vllm/patch_sweep/test_server.py"
-    assert tito in SPLIT_BY_RELEASE and sweep in SPLIT_BY_RELEASE
+    assert sweep in SPLIT_BY_RELEASE and {tito, token_ids, splice} <= set(MERGED_BY_RELEASE)
     assert schedule_unit("tests/toolkit/test_cli.py::test_exit_codes") == "tests/toolkit/test_cli.py"
     assert schedule_unit("tests/toolkit/test_cli.py::test_x[0.5.9]") == "tests/toolkit/test_cli.py"  # not listed
-    assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == f"{tito}::0.5.10.post1"
-    assert schedule_unit(f"{tito}::test_b[0.5.10]") == f"{tito}::0.5.10"
     assert schedule_unit(f"{sweep}::test_c[0.33.0-block-logitdiff-spans]") == f"{sweep}::0.33.0"
     assert schedule_unit(f"{sweep}::test_d") == sweep  # no release: the file's own unit
     assert schedule_unit(f"{sweep}::test_e[empty-span]") == sweep
+    # the SGLang serving files share their runs per release (tests/patches/sglang/group_runs.py): one unit
+    assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == "sglang-serving::0.5.10.post1"
+    assert schedule_unit(f"{tito}::test_b[0.5.10-plain]") == "sglang-serving::0.5.10"
+    assert schedule_unit(f"{token_ids}::test_c[0.5.10-plain]") == "sglang-serving::0.5.10"
+    assert schedule_unit(f"{splice}::test_d[0.5.23-chatml]") == "sglang-serving::0.5.23"
+    assert schedule_unit(f"{splice}::test_e") == splice

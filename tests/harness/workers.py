@@ -86,22 +86,29 @@ def pytest_configure(config) -> None:
 # Files whose release groups each take minutes (an SGLang release's serving driver started three times,
 # a vLLM line's sweep server): scheduled a release at a time rather than a file at a time.
 SPLIT_BY_RELEASE = (
-    "tests/patches/sglang/tito/test_serving.py",
-    "tests/patches/sglang/token_ids/test_serving.py",
     "tests/patches/sglang/superlinear/test_releases.py",
     "tests/patches/vllm/patch_sweep/test_server.py",
 )
 RELEASE = re.compile(r"\d+\.\d+\.\d+(?:\.post\d+)?")
+# Files whose tests of one release share one computation (tests/patches/sglang/group_runs.py: the
+# SGLang serving drivers of a release group, one process per patch state): one unit per release, so
+# one worker runs them all and computes it once.
+MERGED_BY_RELEASE = {
+    "tests/patches/sglang/token_ids/test_serving.py": "sglang-serving",
+    "tests/patches/sglang/tito/test_serving.py": "sglang-serving",
+    "tests/patches/sglang/tito/test_splice.py": "sglang-serving",
+}
 
 
 def schedule_unit(nodeid: str) -> str:
     """The unit a worker takes at once: the test's file, or in ``SPLIT_BY_RELEASE`` the file and the
-    first release named in the test's parameters."""
+    first release named in the test's parameters, or in ``MERGED_BY_RELEASE`` the shared name and
+    that release."""
     path = nodeid.split("::", 1)[0]
-    if path in SPLIT_BY_RELEASE and nodeid.endswith("]") and "[" in nodeid:
+    if (path in SPLIT_BY_RELEASE or path in MERGED_BY_RELEASE) and nodeid.endswith("]") and "[" in nodeid:
         release = RELEASE.search(nodeid[nodeid.index("["):])
         if release:
-            return f"{path}::{release.group(0)}"
+            return f"{MERGED_BY_RELEASE.get(path, path)}::{release.group(0)}"
     return path
 
 

@@ -4,11 +4,12 @@ For each version, on a private copy of the venv's ``sglang`` (the shared venv is
 ``serving_driver.py`` runs three times: with tito alone, with token-ids and tito together, and after
 both are reverted, the upstream baseline (its files checked byte-identical to the release's; it runs
 after the patched code ran from the same copy, so a stale module the revert left would show as tito's
-behaviour, which the baseline tests rule out). It drives the real serving class (tiny model's
-tokenizer and chat template, hermes tool-call and qwen3 reasoning parsers) with a scripted tokenizer
-manager that records what the engine is asked and answers with real token ids and SGLang's logprob
-triples; see the token-ids driver it reuses. Every case is a request body; see ``cases_for`` in the
-driver.
+behaviour, which the baseline tests rule out). Those runs share their processes with the token-ids
+tests' (tests/patches/sglang/group_runs.py: importing SGLang is most of a run's time). It drives the
+real serving class (tiny model's tokenizer and chat template, hermes tool-call and qwen3 reasoning
+parsers) with a scripted tokenizer manager that records what the engine is asked and answers with
+real token ids and SGLang's logprob triples; see the token-ids driver it reuses. Every case is a
+request body; see ``cases_for`` in the driver.
 """
 
 from __future__ import annotations
@@ -20,12 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.channel import run_driver
-from tests.harness.fixtures import SGLANG_PROVED, ensure_engine_python, ensure_tiny_model
-from tests.patches.sglang.token_ids.private_sglang import (  # tito edits the same files
-    private_install,
-    sha256s,
-)
+from tests.harness.fixtures import SGLANG_PROVED
+from tests.patches.sglang.group_runs import group_runs
 from tests.patches.sglang.token_ids.test_serving import body, streamed_ids
 from tests.patches.sglang.token_ids.test_serving import chunk_payloads as payloads
 from tests.patches.sglang.token_ids.test_serving import (
@@ -34,16 +31,9 @@ from tests.patches.sglang.token_ids.test_serving import (
 
 pytestmark = pytest.mark.engine
 
-DRIVER = Path(__file__).with_name("serving_driver.py")
 VERSIONS = SGLANG_PROVED["tito"]  # one release per distinct version of the files the patch edits
 SCENARIOS = ("plain", "tool_call", "reasoning_then_tool_call", "n2")
 STREAMS = ("nonstream", "stream")
-
-
-def drive(python: str, model: str) -> dict:
-    environ = {k: v for k, v in os.environ.items() if k != "TOOLKIT_RETURN_TOKEN_IDS"}
-    environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return run_driver([python, str(DRIVER), model], env=environ, timeout=600, cwd="/").ok()
 
 
 @dataclass
@@ -60,31 +50,12 @@ class Runs:
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def runs(request, tmp_path_factory) -> Runs:
-    from toolkit import apply_patch, patch_status, revert_patch
-
-    version = request.param
-    python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"tito-{version}"))
-    model = ensure_tiny_model()
-
-    def states() -> dict[str, set[str]]:
-        rows = patch_status(engine="sglang", python=python)
-        return {patch: {row.state for row in rows if row.patch_id == patch} for patch in ("token-ids", "tito")}  # only ours
-
-    sha_before = sha256s(python)
-    assert apply_patch(engine="sglang", patches=["tito"], python=python) is True
-    try:
-        sha_tito = sha256s(python)
-        tito = drive(python, model)
-        assert apply_patch(engine="sglang", patches=["token-ids"], python=python) is True
-        both_states = states()
-        both = drive(python, model)
-        # each reverts alone: token-ids goes, tito stays, byte-identical to tito applied alone
-        assert revert_patch(engine="sglang", patches=["token-ids"], python=python) is True
-        assert sha256s(python) == sha_tito
-    finally:
-        revert_patch(engine="sglang", patches=["tito", "token-ids"], python=python)
-    return Runs(version, drive(python, model), tito, both, sha_before, sha_tito, sha256s(python),
-                {"both": both_states["tito"] | both_states["token-ids"], **{f"reverted-{k}": v for k, v in states().items()}})
+    group = group_runs(request.param, tmp_path_factory)
+    states = group.states_reverted
+    return Runs(request.param, group.unpatched_tito, group.tito, group.both, group.sha_before, group.tito_sha,
+                group.sha_reverted,
+                {"both": group.both_states["tito"] | group.both_states["token-ids"],
+                 **{f"reverted-{k}": v for k, v in states.items()}})
 
 
 def skip_where_upstream_streams_other_logprobs(runs: Runs, scenario: str, mode: str) -> None:

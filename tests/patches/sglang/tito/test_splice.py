@@ -1,6 +1,7 @@
 """Prefix splice on SGLang's real ``OpenAIServingChat``, 0.5.9 and 0.5.23, token-ids and tito applied.
 
-``splice_driver.py`` runs on a private copy of each venv's ``sglang``: two-turn conversations under
+``splice_driver.py`` runs on a private copy of each venv's ``sglang`` (in the process of that patch state
+shared with the tito serving tests: tests/patches/sglang/group_runs.py): two-turn conversations under
 three chat templates (tests/patches/common/chat_templates.py), turn one answered by the scripted
 tokenizer manager in single-character ids (re-tokenizing them drifts), turn two carrying turn one's
 ids. Every expected rest of a prompt is written by hand (``after_assistant``), independently of the
@@ -14,33 +15,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.channel import run_driver
-from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
+from tests.harness.fixtures import ensure_tiny_model
 from tests.patches.common.chat_templates import TEMPLATES, after_assistant
-from tests.patches.sglang.token_ids.private_sglang import private_install
+from tests.patches.sglang.group_runs import SPLICE_RELEASES, group_runs
 from tests.patches.sglang.token_ids.test_serving import body, streamed_ids
 
 pytestmark = pytest.mark.engine
 
-DRIVER = Path(__file__).with_name("splice_driver.py")
 Q2 = {"role": "user", "content": "And the next three?"}
 EOS = 3  # the tiny tokenizer's <|im_end|>
 
 
-@pytest.fixture(scope="module", params=("0.5.9", "0.5.23"))
+@pytest.fixture(scope="module", params=SPLICE_RELEASES)
 def cases(request, tmp_path_factory) -> dict:
-    from toolkit import apply_patch, revert_patch
-
-    python = private_install(ensure_engine_python(f"sglang-{request.param}"),
-                             tmp_path_factory.mktemp(f"splice-{request.param}"))
-    model = ensure_tiny_model()
-    assert apply_patch(engine="sglang", patches=["token-ids", "tito"], python=python) is True
-    try:
-        environ = {k: v for k, v in os.environ.items() if k != "TOOLKIT_RETURN_TOKEN_IDS"}
-        environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        return run_driver([python, str(DRIVER), model], env=environ, timeout=600, cwd="/").ok()["cases"]
-    finally:
-        revert_patch(engine="sglang", patches=["tito", "token-ids"], python=python)
+    """The splice driver's cases with token-ids and tito applied, run in that patch state's process of
+    the release group's shared runs (tests/patches/sglang/group_runs.py)."""
+    splice = group_runs(request.param, tmp_path_factory).splice
+    assert splice is not None, f"group_runs ran no splice cases on {request.param}"
+    return splice["cases"]
 
 
 @pytest.fixture(scope="module")

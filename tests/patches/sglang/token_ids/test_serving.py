@@ -2,7 +2,8 @@
 
 For each SGLang group (``SGLANG_PROVED``), the toolkit patches a private copy of its ``sglang``
 (``private_sglang.py``: the shared venv is never written). ``serving_driver.py`` runs under it twice
-(importing SGLang is most of a run's time): patched, with every case and then the vanilla ones again
+(importing SGLang is most of a run's time, so the tito tests' runs share these processes:
+tests/patches/sglang/group_runs.py): patched, with every case and then the vanilla ones again
 under ``TOOLKIT_RETURN_TOKEN_IDS=1`` (the runtime reads the switch per request), and reverted, which is
 the upstream baseline: its files are checked byte-identical to the release's, and it runs after the
 patched code ran from the same copy, so a stale module the revert left would show as a field of ours
@@ -21,22 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.channel import run_driver
-from tests.harness.fixtures import SGLANG_PROVED, ensure_engine_python, ensure_tiny_model
-from tests.patches.sglang.token_ids.private_sglang import private_install, sha256s
+from tests.harness.fixtures import SGLANG_PROVED, ensure_tiny_model
+from tests.patches.sglang.group_runs import group_runs
 
 pytestmark = pytest.mark.engine
 
-DRIVER = Path(__file__).with_name("serving_driver.py")
 VERSIONS = SGLANG_PROVED["token-ids"]  # one release per distinct version of the files the patch edits
 SCENARIOS = ("plain", "tool_call", "reasoning_then_tool_call", "n2")
 MODES = ("cumulative", "incremental")
-
-
-def drive(python: str, model: str, *flags: str) -> dict:
-    environ = {k: v for k, v in os.environ.items() if k != "TOOLKIT_RETURN_TOKEN_IDS"}
-    environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return run_driver([python, str(DRIVER), model, *flags], env=environ, timeout=600, cwd="/").ok()
 
 
 @dataclass
@@ -54,22 +47,10 @@ class Runs:
 
 @pytest.fixture(scope="module", params=VERSIONS)
 def runs(request, tmp_path_factory) -> Runs:
-    from toolkit import apply_patch, patch_status, revert_patch
-
-    version = request.param
-    python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
-    model = ensure_tiny_model()
-    sha_before = sha256s(python)
-    assert apply_patch(engine="sglang", patches=["token-ids"], python=python) is True
-    try:
-        status_patched = {row.state for row in patch_status(engine="sglang", python=python) if row.patch_id == "token-ids"}
-        sha_patched = sha256s(python)
-        patched = drive(python, model, "--server-wide-too")
-    finally:
-        assert revert_patch(engine="sglang", patches=["token-ids"], python=python) is True
-    status_reverted = {row.state for row in patch_status(engine="sglang", python=python) if row.patch_id == "token-ids"}
-    return Runs(version, drive(python, model), patched, patched.pop("server_wide"), sha_before, sha_patched,
-                sha256s(python), status_patched, status_reverted)
+    group = group_runs(request.param, tmp_path_factory)
+    return Runs(request.param, group.unpatched_token_ids, group.token_ids, group.token_ids_env, group.sha_before,
+                group.token_ids_sha, group.token_ids_sha_reverted, group.token_ids_status,
+                group.token_ids_status_reverted)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""The SGLang serving-layer runs of one release group, shared by the token-ids and tito tests.
+
+Importing SGLang is most of a serving driver's time (11-15 s of 16-19 s), so every case that can run
+in one interpreter does: for each release group (``SGLANG_PROVED``), on one private copy of the venv's
+``sglang`` (``private_sglang.py``: the shared venv is never written), ``group_driver.py`` runs once per
+patch state, four processes where the two test files ran five:
+
+1. token-ids alone: the token-ids cases, then its vanilla cases under ``TOOLKIT_RETURN_TOKEN_IDS=1``;
+   then token-ids is reverted (its files checked byte-identical to the release's);
+2. tito alone: the tito cases;
+3. token-ids and tito together: the tito cases (and, on the releases test_splice.py runs on, the
+   prefix-splice cases); then token-ids is reverted alone, leaving tito's files byte-identical to
+   tito applied alone;
+4. both reverted, the upstream baseline of both test files: their files byte-identical to the
+   release's; it runs after the patched code ran from the same copy, so a stale module a revert left
+   would show as a patch's behaviour, which the baseline tests rule out.
+
+Computed once per process (the first test that asks), kept for the other file; the scheduler gives
+both files' tests of one release to the same worker (tests/harness/workers.py ``MERGED_UNITS``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.harness.channel import run_driver
+from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
+from tests.patches.sglang.token_ids.private_sglang import private_install, sha256s
+
+GROUP_DRIVER = Path(__file__).with_name("group_driver.py")
+SPLICE_RELEASES = ("0.5.9", "0.5.23")  # tests/patches/sglang/tito/test_splice.py
+
+
+@dataclass
+class GroupRuns:
+    version: str
+    sha_before: dict[str, str]  # the files token-ids edits (tito edits them too), as released
+    # 1. token-ids alone
+    token_ids_status: set[str]
+    token_ids_sha: dict[str, str]
+    token_ids: dict  # the token-ids driver's cases
+    token_ids_env: dict  # its vanilla cases under TOOLKIT_RETURN_TOKEN_IDS=1
+    token_ids_status_reverted: set[str]
+    token_ids_sha_reverted: dict[str, str]
+    # 2. tito alone
+    tito_sha: dict[str, str]
+    tito: dict
+    # 3. both
+    both_states: dict[str, set[str]]
+    both: dict  # the tito driver's cases
+    # 4. both reverted
+    unpatched_token_ids: dict
+    unpatched_tito: dict
+    sha_reverted: dict[str, str]
+    states_reverted: dict[str, set[str]]
+    splice: dict | None = field(default=None)  # the splice driver's cases, patched with both (SPLICE_RELEASES)
+
+
+_RUNS: dict[str, GroupRuns | BaseException] = {}
+
+
+def drive(python: str, model: str, *parts: str) -> dict:
+    environ = {k: v for k, v in os.environ.items() if k != "TOOLKIT_RETURN_TOKEN_IDS"}
+    environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return run_driver([python, str(GROUP_DRIVER), model, *parts], env=environ, timeout=900, cwd="/").ok()
+
+
+def group_runs(version: str, tmp_path_factory) -> GroupRuns:
+    """The runs of ``version``'s group, computed at the first call in this process (a failure too:
+    the second file's tests get the same error at once instead of running it all again)."""
+    if version not in _RUNS:
+        try:
+            _RUNS[version] = _run(version, tmp_path_factory)
+        except BaseException as exc:  # noqa: BLE001 - kept and raised again for every caller
+            _RUNS[version] = exc
+    got = _RUNS[version]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+def _run(version: str, tmp_path_factory) -> GroupRuns:
+    from toolkit import apply_patch, patch_status, revert_patch
+
+    python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
+    model = ensure_tiny_model()
+
+    def states() -> dict[str, set[str]]:
+        rows = patch_status(engine="sglang", python=python)
+        return {patch: {row.state for row in rows if row.patch_id == patch} for patch in ("token-ids", "tito")}  # only ours
+
+    sha_before = sha256s(python)
+    # 1. token-ids alone
+    assert apply_patch(engine="sglang", patches=["token-ids"], python=python) is True
+    try:
+        token_ids_status = states()["token-ids"]
+        token_ids_sha = sha256s(python)
+        token_ids = drive(python, model, "token-ids-server-wide")["token-ids-server-wide"]
+    finally:
+        assert revert_patch(engine="sglang", patches=["token-ids"], python=python) is True
+    token_ids_status_reverted = states()["token-ids"]
+    token_ids_sha_reverted = sha256s(python)
+    # 2. tito alone, 3. both
+    assert apply_patch(engine="sglang", patches=["tito"], python=python) is True
+    try:
+        tito_sha = sha256s(python)
+        tito = drive(python, model, "tito")["tito"]
+        assert apply_patch(engine="sglang", patches=["token-ids"], python=python) is True
+        both_states = states()
+        both = drive(python, model, "tito", *(["splice"] if version in SPLICE_RELEASES else []))
+        # each reverts alone: token-ids goes, tito stays, byte-identical to tito applied alone
+        assert revert_patch(engine="sglang", patches=["token-ids"], python=python) is True
+        assert sha256s(python) == tito_sha
+    finally:
+        revert_patch(engine="sglang", patches=["tito", "token-ids"], python=python)
+    # 4. both reverted: the baseline
+    unpatched = drive(python, model, "token-ids", "tito")
+    return GroupRuns(
+        version=version, sha_before=sha_before,
+        token_ids_status=token_ids_status, token_ids_sha=token_ids_sha, token_ids_env=token_ids.pop("server_wide"),
+        token_ids=token_ids, token_ids_status_reverted=token_ids_status_reverted,
+        token_ids_sha_reverted=token_ids_sha_reverted,
+        tito_sha=tito_sha, tito=tito, both_states=both_states, both=both["tito"],
+        unpatched_token_ids=unpatched["token-ids"], unpatched_tito=unpatched["tito"],
+        sha_reverted=sha256s(python), states_reverted=states(), splice=both.get("splice"),
+    )
