@@ -421,6 +421,18 @@ class OverlayBuilder(Builder):
     def install_repo(self, force: bool = False) -> str:
         return "repo installed in " + self.spec["base"]  # the base venv's editable install is on the path
 
+    def compile_bytecode(self) -> None:
+        """Write the overlay's engine package's bytecode once. A wheel unpacked by hand has none (pip
+        writes it at install), so every process would compile every module it imports: seconds per
+        SGLang driver and per vLLM server process, and the tests' private copies are fresh each time.
+        Their hard links carry these files along. Cheap when already done (compileall skips a file
+        whose bytecode is current)."""
+        # A module the interpreter cannot compile (another Python's syntax) stays as it is: it failed
+        # before too, at import, and only if imported; so no exit status from compileall here.
+        code = ("import compileall, sys; "
+                "compileall.compile_dir(sys.argv[1], quiet=2, workers=0); sys.exit(0)")
+        self.run([str(self.base.python), "-c", code, str(self.site / self.spec["package"])], "compileall")
+
 
 def _link_or_copy(src: str, dst: str) -> str:
     try:
@@ -571,6 +583,8 @@ def ensure(name: str, reinstall: bool = False) -> tuple[Path, str]:
         else:
             seconds = builder.build()
             state = f"built in {seconds:.0f}s"
+        if isinstance(builder, OverlayBuilder):
+            builder.compile_bytecode()
         # Every venv's editable build writes the same toolkit.egg-info in the repo: one at a time.
         with locked(cache_dir() / "venvs" / ".editable-install.lock"):
             state += ", " + builder.install_repo(force=reinstall)
