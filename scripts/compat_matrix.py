@@ -323,11 +323,12 @@ def fetch_only(releases: list[tuple[str, str]], *, jobs: int) -> int:
             return f"{release[0]}=={release[1]}: {exc}"
         return None
 
+    wanted = sorted(set(releases))
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        failures = [f for f in pool.map(one, sorted(set(releases))) if f]
+        failures = [f for f in pool.map(one, wanted) if f]
     for failure in failures:
         print(f"error: slim tree not built: {failure}", file=sys.stderr)
-    print(f"{len(set(releases)) - len(failures)} of {len(set(releases))} slim trees ready", file=sys.stderr)
+    print(f"{len(wanted) - len(failures)} of {len(wanted)} slim trees ready", file=sys.stderr)
     return 1 if failures else 0
 
 

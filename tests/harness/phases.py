@@ -24,6 +24,7 @@ import pytest
 _SECONDS: dict[str, float] = defaultdict(float)
 _CPU: dict[str, float] = defaultdict(float)
 CPU_PROPERTY = "toolkit_cpu_seconds"
+_CPU_KEY = pytest.StashKey[dict]()  # per test item: when -> CPU seconds of that phase
 
 
 def _folder(nodeid: str) -> str:
@@ -42,9 +43,6 @@ def _measured(item, when: str):
         yield
     finally:
         item.stash.setdefault(_CPU_KEY, {})[when] = _cpu_now() - start
-
-
-_CPU_KEY = pytest.StashKey[dict]()
 
 
 @pytest.hookimpl(hookwrapper=True)

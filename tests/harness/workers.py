@@ -83,8 +83,8 @@ def pytest_configure(config) -> None:
     os.environ["TOOLKIT_CACHE_DIR"] = str(private)
 
 
-# Files whose release groups each take minutes (an SGLang release's serving driver started three times,
-# a vLLM line's sweep server): scheduled a release at a time rather than a file at a time.
+# Files whose release groups each take minutes (an SGLang release's superlinear driver, a vLLM line's
+# sweep server): scheduled a release at a time rather than a file at a time.
 SPLIT_BY_RELEASE = (
     "tests/patches/sglang/superlinear/test_releases.py",
     "tests/patches/vllm/patch_sweep/test_server.py",
