@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
+import math
+import sys
 from typing import TYPE_CHECKING, Sequence
 
 from toolkit import engine as _engine
-from toolkit.discovery import InstalledEngine, find_engines
+from toolkit.discovery import InstalledEngine, find_engines, interpreter
 from toolkit.engine import PatchState
 from toolkit.errors import UsageError
 
@@ -17,8 +20,7 @@ def resolve_engines(
     engine: str | None = None, patches: Sequence[str] | None = None, python: str | None = None
 ) -> list[InstalledEngine]:
     """The installed engines a command is about: the one named, the ones ``patches`` belong to, or all."""
-    if engine is not None and engine not in ("vllm", "sglang"):
-        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang")
+    check_engine(engine)
     if patches:
         _check_patch_ids(engine, patches)
     installed = find_engines(python)
@@ -30,6 +32,62 @@ def resolve_engines(
     return installed
 
 
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """ "; did you mean X?" for a near miss among ``choices``, else ""."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_engine(engine: str | None) -> None:
+    if engine is not None and engine not in ENGINE_NAMES:
+        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang{did_you_mean(str(engine), list(ENGINE_NAMES))}")
+
+
+def wanted_engines(engine: str | None, patches: Sequence[str] | None) -> str:
+    """The engine(s) a command asks for, as users write them: "vLLM", "SGLang" or "vLLM or SGLang"."""
+    if engine is not None:
+        names = {engine}
+    elif patches:
+        names = {p.engine for p in _engine.registry() if p.id in patches}
+    else:
+        names = set(ENGINE_NAMES)
+    return " or ".join(ENGINE_NAMES.get(name, name) for name in sorted(names, key=list(ENGINE_NAMES).index)) or "vLLM or SGLang"
+
+
+def installed_engines(engine: str | None, patches: Sequence[str] | None, python: str | None, *,
+                      python_option: str = "python=PATH") -> list[InstalledEngine]:
+    """:func:`resolve_engines`, but none installed is a usage error naming what is missing and where
+    (``python_option``: how the caller names the interpreter option, ``--python PATH`` on the CLI)."""
+    engines = resolve_engines(engine, patches, python)
+    if not engines:
+        where = interpreter(python) or sys.executable
+        raise UsageError(f"{wanted_engines(engine, patches)} is not installed for {where}; install it or pass "
+                         f"{python_option} (the engine's interpreter)")
+    return engines
+
+
+def check_patches_arg(patches: Sequence[str] | None) -> None:
+    if patches is None:
+        return
+    if isinstance(patches, (str, bytes)):
+        raise UsageError(f"patches must be a list of patch ids, not the string {patches!r}")
+    if not patches:
+        raise UsageError("patches=[] names no patch; pass patches=None for every patch")
+
+
+def check_lock_timeout(lock_timeout: object) -> float:
+    try:
+        ok = not isinstance(lock_timeout, bool) and math.isfinite(lock_timeout) and lock_timeout >= 0  # type: ignore[arg-type]
+    except TypeError:
+        ok = False
+    if not ok:
+        raise UsageError(f"lock_timeout must be a finite number >= 0 (seconds), not {lock_timeout!r}")
+    return float(lock_timeout)  # type: ignore[arg-type]
+
+
 def _check_patch_ids(engine: str | None, patches: Sequence[str]) -> None:
     """Every id names a known patch, and one of ``engine``'s when an engine is named: a patch id of
     another engine must never widen the command to all of this engine's patches."""
@@ -38,7 +96,8 @@ def _check_patch_ids(engine: str | None, patches: Sequence[str]) -> None:
         engines_of.setdefault(p.id, set()).add(p.engine)
     unknown = sorted(set(patches) - set(engines_of))
     if unknown:
-        raise UsageError(f"unknown patch: {', '.join(unknown)} (see `toolkit list`)")
+        hint = did_you_mean(unknown[0], sorted(engines_of)) if len(unknown) == 1 else ""
+        raise UsageError(f"unknown patch: {', '.join(unknown)}{hint} (see `toolkit list`)")
     if engine is not None:
         foreign = sorted(pid for pid in set(patches) if engine not in engines_of[pid])
         if foreign:
@@ -64,12 +123,14 @@ def apply_patch(
 ) -> bool:
     """Apply patches to the installed engine(s) of ``python`` (default: this interpreter).
 
-    Returns True when files changed, False when everything was already applied or no engine is
-    installed. Raises :class:`toolkit.PatchError` (naming patch, file, anchor and engine version) on
-    any failure, in which case nothing was written.
+    Returns True when files changed, False when everything was already applied. Raises :class:`toolkit.PatchError` (naming patch, file, anchor and engine version) on
+    any failure, in which case nothing was written; :class:`toolkit.errors.UsageError` (a PatchError)
+    when no engine it is about is installed, for ``patches=[]`` or a bad ``lock_timeout``.
     """
+    check_patches_arg(patches)
+    lock_timeout = check_lock_timeout(lock_timeout)
     changed = False
-    for installed in resolve_engines(engine, patches, python):
+    for installed in installed_engines(engine, patches, python):
         result = _engine.apply(installed, ids_for(installed, patches), allow_unknown_version=allow_unknown_version,
                                force=force, lock_timeout=lock_timeout)
         changed = changed or bool(result.changed)
@@ -86,8 +147,10 @@ def revert_patch(
 ) -> bool:
     """Revert patches (default: all) byte-for-byte. True when files changed. With ``force``, files
     changed since they were patched are overwritten too, but only those the named patches edit."""
+    check_patches_arg(patches)
+    lock_timeout = check_lock_timeout(lock_timeout)
     changed = False
-    for installed in resolve_engines(engine, patches, python):
+    for installed in installed_engines(engine, patches, python):
         result = _engine.revert(installed, ids_for(installed, patches), force=force, lock_timeout=lock_timeout)
         changed = changed or bool(result.changed)
     return changed
@@ -114,8 +177,8 @@ def repair_engines(
     from toolkit.discovery import site_dirs
     from toolkit.repair import RepairResult, orphan_states, repair
 
-    if engine is not None and engine not in ("vllm", "sglang"):
-        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang")
+    check_engine(engine)
+    lock_timeout = check_lock_timeout(lock_timeout)
     installed = find_engines(python)
     results = [repair(e, fetch, lock_timeout) for e in installed if engine in (None, e.engine)]
     for state in orphan_states(site_dirs(python), installed):

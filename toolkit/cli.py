@@ -1,43 +1,92 @@
-"""``toolkit`` command line: list, apply-patch, revert, status, check, verify. ``--json`` everywhere.
+"""``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify. ``--json``,
+``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli_output`.
 
-Exit codes: 0 ok, 1 failure, 2 usage error.
+Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import ast
 import os
+import re
 import sys
 from dataclasses import asdict
 from typing import Any, Sequence
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from toolkit.version import __version__
+from toolkit import cli_output as out
 from toolkit import engine as _engine
-from toolkit.api import ids_for, resolve_engines
-from toolkit.discovery import InstalledEngine
+from toolkit.api import did_you_mean, ids_for, installed_engines, resolve_engines
+from toolkit.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
 from toolkit.patches import RegistryError
 from toolkit.sources import load_source
+from toolkit.version import __version__
 
-STATE_STYLE = {"applied": "green", "not applied": "dim", "partial": "yellow", "drifted": "red",
-               "in progress": "cyan", "patched, no manifest": "red", "runtime missing": "red"}
+# `verify --checks` names, listed here so that building the parser imports no check (httpx and the
+# patches' check modules); tests/toolkit/test_cli_words.py keeps it equal to all_checks().
+VERIFY_CHECKS = ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "input-ids",
+                 "concurrency", "multi-turn", "patch-sweep", "responses-stream")
+PYTHON_OPTION = "--python PATH"
+DEBUG_ON = ("1", "true", "yes", "on")
 
 
 class _Parser(argparse.ArgumentParser):
     json_errors = False  # set by main() when --json is on the command line: errors go to stdout as JSON
+    commands: dict[str, argparse.ArgumentParser] = {}
+    argv: list[str] = []
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        self.argv = list(sys.argv[1:] if args is None else args)  # to find the subcommand of an unknown option
+        return super().parse_args(args, namespace)
 
     def error(self, message: str) -> None:  # one sentence and what to do next, exit 2
-        sentence = f"{message} (see `toolkit {self.prog.split()[-1]} --help`)"
+        parser = self
+        if message.startswith("unrecognized arguments:"):  # reported by the top parser for a subcommand
+            command = next((word for word in self.argv if word in self.commands), None)
+            parser = self.commands.get(command, self) if command else self
+        sentence = f"{message}{_near_miss(parser, message)} (see `{parser.prog} --help`)"
         if _Parser.json_errors:
-            print(json.dumps({"ok": False, "error": sentence, "kind": "usage"}, indent=2))
+            out.emit_json(False, error=sentence, kind="usage")
             self.exit(2)
-        self.print_usage(sys.stderr)
+        parser.print_usage(sys.stderr)
         self.exit(2, f"toolkit: error: {sentence}\n")
+
+
+def _near_miss(parser: argparse.ArgumentParser, message: str) -> str:
+    """ "; did you mean X?" for a misspelt subcommand, engine or option."""
+    choice = re.search(r"invalid choice: (.+?) \(choose from", message)
+    if choice:
+        word = choice.group(1)
+        try:
+            word = str(ast.literal_eval(word))
+        except (ValueError, SyntaxError):
+            pass
+        choices = [str(c) for action in parser._actions if action.choices for c in action.choices]
+        return did_you_mean(word, choices)
+    if message.startswith("unrecognized arguments:"):
+        options = [o for o in parser._option_string_actions if o.startswith("--")]
+        for word in message.split(":", 1)[1].split():
+            if word.startswith("--"):
+                return did_you_mean(word.split("=", 1)[0], options)
+    return ""
+
+
+class _Version(argparse.Action):
+    """``--version``, as JSON when ``--json`` is on the command line too."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        if _Parser.json_errors:
+            out.emit_json(True, name="serving-toolkit", version=__version__)
+        else:
+            print(f"toolkit {__version__}")
+        parser.exit(0)
 
 
 def _seconds(text: str) -> float:
@@ -50,12 +99,29 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _add_common(parser: argparse.ArgumentParser, *, engine: bool = True, python: bool = True) -> None:
-    if engine:
-        parser.add_argument("engine", nargs="?", choices=("vllm", "sglang"), help="engine (default: every installed one)")
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object for machines (schema 1)")
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (the exit code says the rest)")
+    loudness.add_argument("-v", "--verbose", action="store_true", help="print more detail (every file, per-file states)")
+
+
+def _add_python(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--python", metavar="PATH", help="the engine's interpreter, or its virtual environment's "
+                        "folder (default: this interpreter)")
+
+
+def _add_common(parser: argparse.ArgumentParser, *, python: bool = True) -> None:
+    parser.add_argument("engine", nargs="?", choices=("vllm", "sglang"), help="engine (default: every installed one)")
     if python:
-        parser.add_argument("--python", metavar="PATH", help="the engine's interpreter (default: this one)")
-    parser.add_argument("--json", action="store_true", help="print JSON for machines")
+        _add_python(parser)
+    _add_output(parser)
+
+
+def _add_lock_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S",
+                        help="seconds to wait while another toolkit run holds the engine's lock, then fail "
+                             f"(default {_engine.DEFAULT_LOCK_TIMEOUT:g})")
 
 
 def _add_write_options(p: argparse.ArgumentParser, edited_by: str) -> None:
@@ -64,14 +130,14 @@ def _add_write_options(p: argparse.ArgumentParser, edited_by: str) -> None:
     p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
     p.add_argument("--force", action="store_true",
                    help=f"also overwrite files changed since they were patched (only those {edited_by})")
-    p.add_argument("--dry-run", action="store_true", help="write nothing")
+    p.add_argument("--dry-run", action="store_true", help="write nothing; say what would change")
     p.add_argument("--diff", action="store_true", help="show unified diffs")
-    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+    _add_lock_timeout(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="toolkit", description="Patch installed vLLM and SGLang engines with versioned codemods.")
-    parser.add_argument("--version", action="version", version=f"toolkit {__version__}")
+    parser.add_argument("--version", action=_Version, help="print the version (with --json: as JSON) and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("list", help="list the patches this toolkit ships")
@@ -89,98 +155,85 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("repair", help="put the engine's release files back (checked against pip's RECORD), clear the state")
     _add_common(p)
-    p.add_argument("--lock-timeout", type=_seconds, default=_engine.DEFAULT_LOCK_TIMEOUT, metavar="S")
+    _add_lock_timeout(p)
 
     p = sub.add_parser("verify", help="launch a real server and check the token-id contract")
-    p.add_argument("--model", required=True, metavar="PATH_OR_NAME")
+    p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                   help="the model the server loads and whose tokenizer the checks use: a local folder or a "
+                        "Hugging Face name")
     p.add_argument("--engine", choices=("vllm", "sglang"), help="default: the one installed")
-    p.add_argument("--python", metavar="PATH", help="the engine's interpreter (default: this one)")
+    _add_python(p)
     p.add_argument("--server-arg", action="append", dest="server_args", default=[], metavar="ARG",
                    help="extra server argument, repeatable; write --server-arg=--flag for flags")
     p.add_argument("--url", help="verify an already-running server instead of launching one")
-    p.add_argument("--checks", help="comma-separated check names (default: all)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="server start-up limit")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.add_argument("--checks", metavar="NAMES",
+                   help=f"comma-separated check names (default: all): {', '.join(VERIFY_CHECKS)}")
+    p.add_argument("--timeout", type=_seconds, default=300.0, metavar="S", help="server start-up limit")
+    _add_output(p)
 
     p = sub.add_parser("check", help="would each patch apply to a source tree or wheel (porting tool)")
     p.add_argument("--source", required=True, metavar="PATH", help="a .whl file or an unpacked tree")
-    p.add_argument("--patch", action="append", dest="patches", metavar="ID")
-    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.add_argument("--patch", action="append", dest="patches", metavar="ID",
+                   help="check only this patch, whatever versions it declares (repeatable; default: the patches "
+                        "that declare this version, or all of the engine's when none does)")
+    _add_output(p)
+    _Parser.commands = dict(sub.choices)
     return parser
 
 
-def _engine_json(installed: InstalledEngine) -> dict[str, Any]:
-    return {
-        "engine": installed.engine,
-        "distribution": installed.distribution,
-        "version": installed.version,
-        "package_dir": installed.package_dir,
-    }
-
-
-def _engines(args: argparse.Namespace) -> list[InstalledEngine]:
-    engines = resolve_engines(args.engine, getattr(args, "patches", None), args.python)
-    if not engines:
-        where = args.python or sys.executable
-        what = args.engine or "vLLM or SGLang"
-        raise UsageError(f"{what} is not installed for {where}; install it or pass --python PATH")
-    return engines
+def skipped_patches(installed: InstalledEngine) -> list[dict[str, str]]:
+    """The engine's patches an apply without --patch leaves out: not needed on this release (the engine
+    serves the feature itself), or not proved on it."""
+    skipped = []
+    for patch in _engine.patches_for(installed.engine):
+        if patch.supports(installed.version):
+            continue
+        why = patch.not_needed_on(installed.version)
+        skipped.append({"patch": patch.id, "reason": "not needed" if why else "not proved",
+                        "detail": why or f"declares {patch.versions}"})
+    return skipped
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     patches = [p for p in _engine.registry() if args.engine in (None, p.engine)]
     if args.json:
-        print(json.dumps([{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
-                           "files": [f.relpath for f in p.files], "runtime_modules": list(p.runtime_modules)}
-                          for p in patches], indent=2))
+        out.emit_json(True, patches=[{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
+                                      "files": [f.relpath for f in p.files],
+                                      "runtime_modules": list(p.runtime_modules),
+                                      "not_needed": {"versions": p.not_needed[0], "why": p.not_needed[1]}
+                                      if p.not_needed[0] else None} for p in patches])
         return 0
-    table = Table(title="toolkit patches")
-    for column in ("patch", "engine", "versions", "files", "summary"):
-        table.add_column(column)
-    for p in patches:
-        table.add_row(p.id, p.engine, p.versions_text, "\n".join(f.relpath for f in p.files), p.summary)
-    console.print(table)
+    out.print_list(console, patches, args.verbose)
     return 0
 
 
 def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
     reverting = args.command == "revert"
     rows = []
-    for installed in _engines(args):
+    for installed in installed_engines(args.engine, args.patches, args.python, python_option=PYTHON_OPTION):
         ids = ids_for(installed, args.patches)
-        with console.status(f"{'reverting' if reverting else 'patching'} {installed.engine} {installed.version}...",
-                            spinner="dots") if not args.json else _null():
+        quiet = args.json or args.quiet
+        with _null() if quiet else console.status(
+                f"{'reverting' if reverting else 'patching'} {installed.engine} {installed.version}...", spinner="dots"):
             if reverting:
                 result = _engine.revert(installed, ids, force=args.force, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
             else:
                 result = _engine.apply(installed, ids, force=args.force, dry_run=args.dry_run,
                                        allow_unknown_version=args.allow_unknown_version, lock_timeout=args.lock_timeout)
-        rows.append((installed, result))
+        skip = reverting or args.patches or args.allow_unknown_version
+        rows.append((installed, result, [] if skip else skipped_patches(installed)))
     if args.json:
-        out = []
-        for installed, result in rows:
-            entry = {**_engine_json(installed), "applied_patches": result.patches, "changed_files": result.changed_files,
-                     "dry_run": result.dry_run, "unchanged": not result.changed}
+        entries = []
+        for installed, result, skipped in rows:
+            entry = {**out.engine_json(installed), "applied_patches": result.patches,
+                     "changed_files": result.changed_files, "dry_run": result.dry_run, "unchanged": not result.changed,
+                     "skipped_patches": skipped}
             if args.diff:
                 entry["diff"] = result.diff()
-            out.append(entry)
-        print(json.dumps({"ok": True, "engines": out}, indent=2))
+            entries.append(entry)
+        out.emit_json(True, engines=entries)
         return 0
-    for installed, result in rows:
-        name = f"{installed.distribution} {installed.version}"
-        if args.diff and result.changed:
-            console.print(result.diff(), markup=False, highlight=False, soft_wrap=True)
-        verb = "would change" if result.dry_run else "changed"
-        if not result.changed:
-            if reverting:
-                console.print(f"{name}: nothing to revert (applied: {', '.join(result.patches) or 'none'})")
-            else:
-                console.print(f"{name}: already applied ({', '.join(result.patches)})")
-        else:
-            console.print(f"{name}: {verb} {len(result.changed)} file(s); applied now: "
-                          f"{', '.join(result.patches) or 'none'}")
-            for relpath in result.changed_files:
-                console.print(f"  {relpath}", markup=False)
+    out.print_apply(console, rows, reverting=reverting, diff=args.diff, verbose=args.verbose)
     return 0
 
 
@@ -197,25 +250,32 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
     if not engines and args.engine is None:
         # Nothing installed is a state to report, not a mistake: `toolkit status` answers it (exit 0).
         if args.json:
-            print("[]")
+            out.emit_json(True, patches=[])
         else:
             console.print(f"no vLLM or SGLang installed for {args.python or sys.executable}", markup=False,
                           highlight=False)
         return 0
-    rows = [row for installed in engines or _engines(args) for row in _engine.status(installed)]
+    engines = engines or installed_engines(args.engine, None, args.python, python_option=PYTHON_OPTION)
+    rows = [row for installed in engines for row in _engine.status(installed)]
+    declared = {(p.engine, p.id): p for p in _engine.registry()}
+    notes = {}
+    for row in rows:
+        patch = declared.get((row.engine, row.patch_id))
+        if patch is not None and not row.supported and row.state == "not applied":
+            why = patch.not_needed_on(row.engine_version)
+            if why:
+                notes[(row.engine, row.patch_id)] = why
+    code = 0 if all(row.state in ("applied", "not applied", "in progress") for row in rows) else 1
     if args.json:
-        print(json.dumps([asdict(row) for row in rows], indent=2))
+        out.emit_json(code == 0, patches=[{**asdict(row), "not_needed": notes.get((row.engine, row.patch_id), "")}
+                                          for row in rows])
     else:
-        table = Table(title="toolkit status")
-        for column in ("engine", "version", "patch", "state", "detail"):
-            table.add_column(column)
-        for row in rows:
-            supported = "" if row.supported else " (version not supported)"
-            style = STATE_STYLE.get(row.state, "default")
-            table.add_row(row.engine, f"{row.distribution} {row.engine_version}", row.patch_id,
-                          f"[{style}]{escape(row.state)}[/{style}]", escape(row.detail + supported))
-        console.print(table)
-    return 0 if all(row.state in ("applied", "not applied", "in progress") for row in rows) else 1
+        out.print_status(console, rows, notes, args.verbose)
+        if args.verbose:
+            for installed in engines:
+                console.print(f"{installed.engine}: {installed.package_dir} (python {installed.python})",
+                              markup=False, highlight=False)
+    return code
 
 
 def cmd_repair(args: argparse.Namespace, console: Console) -> int:
@@ -223,58 +283,30 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
 
     results = repair_engines(args.engine, args.python, lock_timeout=args.lock_timeout)
     if args.json:
-        print(json.dumps({"ok": True, "engines": [asdict(r) for r in results]}, indent=2))
+        out.emit_json(True, engines=[asdict(r) for r in results])
         return 0
-    if not results:
-        where = args.python or sys.executable
-        console.print(f"nothing to repair: no {args.engine or 'vLLM or SGLang'} and no toolkit state for {where}",
-                      markup=False, highlight=False)
-    for r in results:
-        if r.orphan:
-            console.print(f"{r.engine}: not installed any more; removed its toolkit state", highlight=False)
-            continue
-        name = f"{r.distribution} {r.version}"
-        if r.restored:
-            origins = sorted(set(r.restored.values()))
-            console.print(f"{name}: restored {len(r.restored)} file(s) to the release's bytes "
-                          f"(from {' and '.join(origins)}); patch state cleared", highlight=False)
-            for relpath, origin in sorted(r.restored.items()):
-                console.print(f"  {relpath} ({origin})", markup=False, highlight=False)
-        elif r.cleared_state:
-            console.print(f"{name}: files match pip's RECORD; patch state cleared", highlight=False)
-        else:
-            console.print(f"{name}: files match pip's RECORD; nothing to repair", highlight=False)
-        for relpath in r.unverifiable:
-            console.print(f"  {relpath}: not in pip's RECORD, left as it is", markup=False, highlight=False)
+    where = args.python or sys.executable
+    nothing = f"nothing to repair: no {args.engine or 'vLLM or SGLang'} and no toolkit state for {where}"
+    out.print_repair(console, results, nothing, args.verbose)
+    if args.verbose:
+        for installed in resolve_engines(args.engine, None, args.python):
+            console.print(f"{installed.engine}: {installed.package_dir} (python {installed.python})",
+                          markup=False, highlight=False)
     return 0
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     source = load_source(args.source)
     checks = _engine.check_source(source, args.patches)
+    ok = all(c.ok for c in checks)
     if args.json:
-        print(json.dumps({
-            "source": str(source.origin), "engine": source.engine, "distribution": source.distribution,
-            "version": source.version, "ok": all(c.ok for c in checks),
-            "patches": [{"patch": c.patch_id, "supported_version": c.supported, "ok": c.ok, "errors": c.errors,
-                         "anchors": [asdict(a) for a in c.anchors]} for c in checks],
-        }, indent=2))
+        out.emit_json(ok, source=str(source.origin), engine=source.engine, distribution=source.distribution,
+                      version=source.version,
+                      patches=[{"patch": c.patch_id, "supported_version": c.supported, "ok": c.ok, "errors": c.errors,
+                                "anchors": [asdict(a) for a in c.anchors]} for c in checks])
     else:
-        table = Table(title=escape(f"{source.distribution} {source.version}: {source.origin}"))
-        for column in ("patch", "file", "anchor", "result"):
-            table.add_column(column)
-        for check in checks:
-            for anchor in check.anchors:
-                result = "[green]found[/green]" if anchor.ok else f"[red]{escape(anchor.problem)}[/red]"
-                table.add_row(check.patch_id, escape(anchor.relpath), escape(f"{anchor.anchor}: {anchor.description}"), result)
-            for error in check.errors:
-                table.add_row(check.patch_id, "", "", f"[red]{escape(error)}[/red]")
-        console.print(table)
-        for check in checks:
-            verdict = "[green]would apply[/green]" if check.ok else "[red]would NOT apply[/red]"
-            note = "" if check.supported else " (version outside its specifier: needs --allow-unknown-version)"
-            console.print(f"{check.patch_id}: {verdict}{note}")
-    return 0 if all(c.ok for c in checks) else 1
+        out.print_check(console, source, checks, args.verbose)
+    return 0 if ok else 1
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
@@ -282,10 +314,12 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     from toolkit.verify.run import verify
 
     names = [n.strip() for n in args.checks.split(",") if n.strip()] if args.checks else None
-    known = {c.name for c in all_checks()}
-    if names and not set(names) <= known:
-        raise UsageError(f"unknown check(s): {', '.join(sorted(set(names) - known))} (known: {', '.join(sorted(known))})")
-    status_line = None if args.json else console.status("verify: preparing", spinner="dots")
+    known = [c.name for c in all_checks()]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+        raise UsageError(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))}){hint}")
+    status_line = None if args.json or args.quiet else console.status("verify: preparing", spinner="dots")
     if status_line:
         status_line.start()
 
@@ -293,7 +327,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         if status_line:
             status_line.update(f"verify: {message}")
 
-    def result(row) -> None:
+    def result(row: Any) -> None:
         if status_line:
             console.print(f"  {row.name}: {row.status}", highlight=False)
 
@@ -304,32 +338,10 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
         if status_line:
             status_line.stop()
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-        return 0 if report.ok else 1
-    table = Table(title=f"toolkit verify: {report.engine} {report.engine_version}, {report.model}")
-    for column in ("check", "result", "detail"):
-        table.add_column(column)
-    style = {"pass": "green", "fail": "red", "error": "red", "skip": "dim"}
-    for row in report.results:
-        table.add_row(row.name, f"[{style[row.status]}]{row.status}[/{style[row.status]}]", row.detail)
-    console.print(table)
-    for row in report.results:
-        if row.evidence:
-            console.print(f"[red]{row.name}[/red] evidence:", highlight=False)
-            for key, value in row.evidence.items():
-                console.print(f"  {key}: {value}", markup=False, highlight=False)
-    if report.apply_first:
-        console.print(f"[yellow]apply these patches first:[/yellow] toolkit apply-patch {report.engine} "
-                      + " ".join(f"--patch {p}" for p in report.apply_first), highlight=False)
-    if report.error:
-        console.print(f"[red]{report.error}[/red]", highlight=False)
-    if report.log_tail:
-        console.print("server log (last lines):", highlight=False)
-        console.print(report.log_tail, markup=False, highlight=False)
-    timing = f" in {report.seconds:.0f}s" + (f" (start-up {report.startup_seconds:.0f}s)" if report.launched else "")
-    colour = "green" if report.ok else "red"
-    console.print(f"verdict: [{colour}]{report.verdict}[/{colour}] ({len(report.ran)} checks ran){timing}",
-                  highlight=False)
+        data = report.to_json()
+        out.emit_json(bool(data.pop("ok")), **data)
+    else:
+        out.print_verify(console, report, args.verbose)
     return 0 if report.ok else 1
 
 
@@ -341,10 +353,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
-    console = Console(stderr=False)
+    console = Console(stderr=False, quiet=args.quiet)
     errors = Console(stderr=True)
     try:
+        if getattr(args, "python", None) is not None:
+            args.python = interpreter(args.python)  # relative, or a venv's folder: an absolute bin/python
         return COMMANDS[args.command](args, console)
+    except BrokenPipeError:  # `toolkit status --json | head -1`: the reader has all it wanted
+        out.silence_stdout()
+        return 141
     except UsageError as exc:
         _report(args, errors, exc, "usage")
         return 2
@@ -361,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(args, errors, io_error(exc, "cannot access"), "error")
         return 1
     except Exception as exc:  # a bug: still one sentence, the traceback only on request
-        if os.environ.get("TOOLKIT_DEBUG"):
+        if os.environ.get("TOOLKIT_DEBUG", "").strip().lower() in DEBUG_ON:
             raise
         _report(args, errors, PatchError(f"internal error ({type(exc).__name__}: {exc}); please report it, "
                                          "TOOLKIT_DEBUG=1 shows the traceback"), "internal")
@@ -370,10 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, errors: Console, exc: Exception, kind: str) -> None:
     if getattr(args, "json", False):
-        payload: dict[str, Any] = {"ok": False, "error": str(exc), "kind": kind}
-        if isinstance(exc, DriftError):
-            payload["files"] = exc.files
-        print(json.dumps(payload, indent=2))
+        extra = {"files": exc.files} if isinstance(exc, DriftError) else {}
+        out.emit_json(False, error=str(exc), kind=kind, **extra)
     else:
         errors.print(f"[red]toolkit: {escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
 

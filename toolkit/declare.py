@@ -67,6 +67,9 @@ class Patch:
     # verify), and the environment a verified server needs for them (e.g. a switch the patch reads).
     verify_checks: str = ""
     verify_env: Sequence[tuple[str, str]] = ()
+    # Releases that need no patch because the engine serves the feature another way (a plugin entry
+    # point): (PEP 440 range, why). ``apply-patch`` and ``status`` say so instead of "not supported".
+    not_needed: tuple[str, str] = ("", "")
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -79,6 +82,14 @@ class Patch:
         if not any(s.operator in UPPER_BOUNDS for s in specs):
             raise ValueError(f"patch {self.id}: versions {self.versions!r} has no upper bound "
                              "(end it with the newest release proved, e.g. '<=0.5.23')")
+
+    def not_needed_on(self, version: str) -> str:
+        """Why ``version`` needs no patch (the engine serves the feature itself), or ""."""
+        spec, why = self.not_needed
+        try:
+            return why if spec and SpecifierSet(spec).contains(Version(version), prereleases=True) else ""
+        except InvalidVersion:
+            return ""
 
     def load_verify_checks(self) -> list[Any]:
         """The checks named by ``verify_checks`` (imports their module)."""

@@ -80,25 +80,92 @@ def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
     return sorted(found.values(), key=lambda e: e.engine)
 
 
-def find_engines(python: str | None = None) -> list[InstalledEngine]:
-    """Engines for ``python`` (an interpreter path), or for the running interpreter when None."""
+PROBE_TIMEOUT = 30.0  # seconds; TOOLKIT_PROBE_TIMEOUT overrides it
+
+
+def interpreter(python: str | None) -> str | None:
+    """``python`` as an absolute path (never resolved: a venv's bin/python is a symlink to its base
+    interpreter), a virtual environment's folder standing for its ``bin/python`` as uv reads it."""
+    if python is None:
+        return None
+    from toolkit.errors import UsageError
+
+    if not python.strip() or "\x00" in python:
+        raise UsageError(f"{python!r} is not a path to a Python interpreter")
+    path = os.path.abspath(os.path.expanduser(python))
+    if os.path.isdir(path):
+        inside = os.path.join(path, "bin", "python")
+        if not os.path.exists(inside):
+            raise UsageError(f"{python} is a folder without bin/python: name a Python interpreter or a "
+                             "virtual environment's folder")
+        path = inside
+    return path
+
+
+def _probe_timeout() -> float:
+    from toolkit.errors import UsageError
+
+    text = os.environ.get("TOOLKIT_PROBE_TIMEOUT", "").strip()
+    if not text:
+        return PROBE_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise UsageError(f"TOOLKIT_PROBE_TIMEOUT must be a number of seconds > 0, not {text!r}")
+    return value
+
+
+def _probe(python: str, *args: str) -> subprocess.CompletedProcess:
+    """Run this file's source in ``python`` with -c from "/" (so nothing of ours shadows the target's
+    modules), in its own session: on a timeout the whole process group is killed, children included."""
+    import signal
+
+    from toolkit.errors import UsageError
+
+    limit = _probe_timeout()
+    try:
+        proc = subprocess.Popen([python, "-c", Path(__file__).read_text(), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, cwd="/",
+                                errors="replace", start_new_session=True)
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"could not run {python} as a Python interpreter: {reason}") from None
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        proc.communicate()
+        raise UsageError(f"{python} did not answer as a Python interpreter within {limit:g} s "
+                         "(TOOLKIT_PROBE_TIMEOUT sets the limit)") from None
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _is_here(python: str | None) -> bool:
     # A venv's bin/python is a symlink to its base interpreter: compare paths, never resolve them.
-    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+    return python is None or os.path.abspath(python) == os.path.abspath(sys.executable)
+
+
+def find_engines(python: str | None = None) -> list[InstalledEngine]:
+    """Engines for ``python`` (an interpreter path or a venv's folder), or for the running interpreter."""
+    python = interpreter(python)
+    if _is_here(python):
         return find_engines_here()
     from toolkit.errors import UsageError
 
     if not Path(python).exists():
         raise UsageError(f"interpreter not found: {python}")
     if Path(python).is_dir() or not os.access(python, os.X_OK):
-        raise UsageError(f"{python} is not an executable Python interpreter (pass --python PATH/TO/bin/python)")
-    # Run this file's source with -c from "/" so nothing of ours shadows the target's modules.
-    try:
-        proc = subprocess.run(
-            [python, "-c", Path(__file__).read_text()],
-            capture_output=True, text=True, timeout=120, check=False, cwd="/", errors="replace",
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise UsageError(f"could not run {python} as a Python interpreter: {exc}") from None
+        raise UsageError(f"{python} is not an executable Python interpreter")
+    proc = _probe(python)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]
         raise UsageError(f"could not inspect {python} (exit {proc.returncode}: {last})")
@@ -106,7 +173,7 @@ def find_engines(python: str | None = None) -> list[InstalledEngine]:
         return [InstalledEngine(**row) for row in json.loads(proc.stdout)]
     except (ValueError, TypeError) as exc:
         raise UsageError(f"{python} did not answer as a Python interpreter ({type(exc).__name__}: "
-                         f"{str(exc)[:200]}); pass --python PATH/TO/bin/python") from None
+                         f"{str(exc)[:200]})") from None
 
 
 def site_dirs_here() -> list[str]:
@@ -120,12 +187,12 @@ def site_dirs_here() -> list[str]:
 
 def site_dirs(python: str | None = None) -> list[Path]:
     """The site-packages directories of ``python`` (default: this interpreter) that exist."""
-    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
+    python = interpreter(python)
+    if _is_here(python):
         paths: object = site_dirs_here()
     else:
         find_engines(python)  # the same checks and sentences for an interpreter that is not one
-        proc = subprocess.run([python, "-c", Path(__file__).read_text(), "--site-dirs"], capture_output=True,
-                              text=True, timeout=120, check=False, cwd="/", errors="replace")
+        proc = _probe(python, "--site-dirs")
         try:
             paths = json.loads(proc.stdout)
         except ValueError:

@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from toolkit import fs
+from toolkit import fs, interrupts
 from toolkit.declare import FileEdit, Patch
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import CorruptManifest, DriftError, PatchError, UsageError, io_error
@@ -129,11 +129,16 @@ def _engine_file(engine: InstalledEngine, relpath: str) -> Path:
 
 def _check_versions(engine: InstalledEngine, patches: Iterable[Patch], allow_unknown_version: bool) -> None:
     for patch in patches:
+        why = patch.not_needed_on(engine.version)
+        if why:
+            raise PatchError(f"patch {patch.id} is not needed on {engine.distribution} {engine.version}: {why}; "
+                             "nothing was written")
         if not patch.supports(engine.version) and not allow_unknown_version:
             raise PatchError(
                 f"patch {patch.id} supports {engine.engine} {patch.versions_text}, "
                 f"but {engine.distribution} {engine.version} is installed at {engine.package_dir}; "
-                "use --allow-unknown-version to try anyway (it still fails on any missing anchor)"
+                "allow unknown versions to try anyway (--allow-unknown-version, allow_unknown_version=True in "
+                "Python; it still fails on any missing anchor)"
             )
 
 
@@ -188,6 +193,18 @@ def _decode(patch: Patch, relpath: str, data: bytes, engine: InstalledEngine) ->
             from None
 
 
+def _recorded_original(engine: InstalledEngine, state: StateDir, relpath: str, record: FileRecord) -> bytes:
+    """The original bytes of a recorded file: its backup, or, for a file a stopped repair recorded as
+    the release's (no patch, nothing backed up), the file itself once it has those bytes."""
+    if not record.patches and record.before == record.after:
+        data = state.read_backup_or_none(relpath)
+        if data is None or sha256_bytes(data) != record.before:
+            data = _read_or_none(_engine_file(engine, relpath))
+        if data is not None and sha256_bytes(data) == record.before:
+            return data
+    return state.read_backup(relpath, record.before)
+
+
 def _wanted_contents(
     engine: InstalledEngine, state: StateDir, manifest: Manifest | None, target: list[Patch], scope: set[str]
 ) -> tuple[dict[str, bytes], dict[str, bytes], dict[str, list[str]]]:
@@ -201,7 +218,7 @@ def _wanted_contents(
     for relpath in sorted(scope):
         record = manifest.files.get(relpath) if manifest else None
         if record is not None:
-            originals[relpath] = state.read_backup(relpath, record.before)
+            originals[relpath] = _recorded_original(engine, state, relpath, record)
             continue
         path = _engine_file(engine, relpath)
         try:
@@ -306,6 +323,7 @@ class Write:
     journal: Manifest
     final: Manifest | None
     new_backups: dict[str, bytes]
+    package_dir: Path | None = None  # where the files the new backups back are
 
 
 @dataclass
@@ -319,6 +337,7 @@ class Plan:
     # state no manifest owns: "stale" (another install's, dropped; failures raise) or "orphans"
     # (backups a run could not tidy after its commit; dropped if possible)
     clear_state: str = ""
+    package_dir: str = ""
 
 
 def make_plan(
@@ -342,8 +361,10 @@ def make_plan(
         target_ids: list[str] = []
     else:
         target_ids = _registry_order(engine.engine, (set(applied_before) | set(add)) - set(remove))
+    if manifest is None:
+        _refuse_unrecorded_marks(engine, reverting)
     if not force and _already_done(engine, manifest, target_ids):
-        return Plan(target_ids, clear_state="orphans" if manifest is None else "")
+        return Plan(target_ids, clear_state="orphans" if manifest is None else "", package_dir=engine.package_dir)
     if manifest is not None and target_ids:
         _refuse_foreign(engine, target_ids, manifest.toolkit_version)
     target = patches_for(engine.engine, target_ids) if target_ids else []
@@ -394,7 +415,28 @@ def make_plan(
         prior = sorted(({old.after, *old.prior} if old else set()) - {after})
         journal.files[relpath] = FileRecord(sha256_bytes(originals[relpath]), after, patch_ids[relpath], prior)
     new_backups = {r: originals[r] for r in scope if patch_ids[r] and not (manifest and r in manifest.files)}
-    return Plan(target_ids, changes, Write(old_raw, journal, final, new_backups))
+    return Plan(target_ids, changes, Write(old_raw, journal, final, new_backups, Path(engine.package_dir)))
+
+
+def _refuse_unrecorded_marks(engine: InstalledEngine, reverting: bool) -> None:
+    """Patched files with no manifest: their originals are known only to the backups, which are
+    never dropped (or trusted) without one. Say so and stop, whatever was asked."""
+    ours = {p.id for p in registry() if p.engine == engine.engine}
+    marked: dict[str, set[str]] = {}
+    for relpath in sorted({e.relpath for p in registry() if p.engine == engine.engine for e in p.files}):
+        try:
+            found = markers_in(fs.read_bytes(_engine_file(engine, relpath))) & ours
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            continue
+        if found:
+            marked[relpath] = found
+    if marked:
+        ids = sorted(set().union(*marked.values()))
+        verb = "revert them" if reverting else "patch them again"
+        raise PatchError(
+            f"{engine.engine} {engine.version}: {', '.join(marked)} carry the marker of patch {', '.join(ids)} but "
+            f"the toolkit manifest is missing, so toolkit cannot {verb} safely; nothing was changed and the backups "
+            f"are kept. {RECOVER}")
 
 
 def _refuse_drift(engine: InstalledEngine, manifest: Manifest | None, originals: dict[str, bytes],
@@ -422,10 +464,29 @@ def carry_out(state: StateDir, plan: Plan) -> None:
         state.clear()
     elif plan.clear_state == "orphans":
         with contextlib.suppress(OSError, PatchError):
-            state.clear()
+            _clear_orphans(state, Path(plan.package_dir))
     if plan.write is not None:
         write = plan.write
-        _write(state, write.old_raw, write.journal, write.final, plan.changes, write.new_backups)
+        _write(state, write.old_raw, write.journal, write.final, plan.changes, write.new_backups, write.package_dir)
+
+
+def _clear_orphans(state: StateDir, package_dir: Path) -> None:
+    """Backups no manifest owns: each goes only when the file it backs holds its bytes (the release's),
+    so a backup that may be the only copy of an original is never lost."""
+    if not fs.is_dir(state.backup_root):
+        return
+    state.refuse_links(state.backup_root)
+    for path in sorted(state.backup_root.rglob("*")):
+        relpath = str(path.relative_to(state.backup_root))
+        if fs.is_dir(path) or relpath.endswith(fs.TEMP_SUFFIX):
+            continue
+        if _read_or_none(package_dir / relpath) == _read_or_none(path):
+            state.remove_backup(relpath)
+    for directory in sorted((p for p in state.backup_root.rglob("*") if fs.is_dir(p)), reverse=True):
+        with contextlib.suppress(OSError):
+            fs.rmdir(directory)  # only the empty ones
+    with contextlib.suppress(OSError):
+        fs.rmdir(state.backup_root)
 
 
 def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
@@ -447,67 +508,79 @@ def _sweep_temps(engine: InstalledEngine, state: StateDir, manifest: Manifest | 
 
 def _write(
     state: StateDir, old_raw: bytes | None, journal: Manifest, final: Manifest | None,
-    changes: list[FileChange], new_backups: dict[str, bytes],
+    changes: list[FileChange], new_backups: dict[str, bytes], package_dir: Path | None = None,
 ) -> None:
     """All or nothing: backups, then every new file staged and fsync'd, then the journal, then one
-    rename per file, then the final manifest (the commit). A failure before the commit puts back
-    every file already replaced and the manifest as it was."""
+    rename per file, then the final manifest (the commit). A failure or a signal before the commit puts
+    back every file and the manifest as they were. Signals are held for the whole write (Ctrl-C stops it
+    only at a safe point), and the undo looks at each file's bytes, not at a list a signal could cut short."""
     staged: dict[str, str] = {}
-    replaced: list[FileChange] = []
     backups_written: list[str] = []
     journal_written = False
     step: tuple[str, Path] = ("write", state.root)  # what was being done, for the message
-    try:
-        for relpath, data in sorted(new_backups.items()):
-            step = ("back up the original in", state.backup_path(relpath))
-            state.write_backup(relpath, data)
-            backups_written.append(relpath)
-        for change in changes:
-            step = ("stage the new", change.path)
-            staged[change.relpath] = fs.stage(change.path, change.wanted, change.mode)
-        step = ("write the manifest", state.manifest_path)
-        state.write_manifest(journal)
-        journal_written = True
-        for change in changes:
-            step = ("replace", change.path)
-            fs.replace(staged.pop(change.relpath), change.path)
-            replaced.append(change)
-            step = ("remove the stale bytecode of", change.path)
-            remove_stale_bytecode(change.path)
-            if _after_file_write is not None:
-                _after_file_write(change.relpath)
-        for directory in sorted({change.path.parent for change in changes}):
-            fs.sync_dir(directory)
-        step = ("write the manifest", state.manifest_path)
-        if final is None:
-            state.remove_manifest()
-        else:
-            state.write_manifest(final)
-    except BaseException as exc:
-        rollback_error = _roll_back(state, old_raw, staged, replaced, journal_written, backups_written)
-        if isinstance(exc, OSError):
-            raise _write_error(exc, step, rollback_error) from None
-        raise
-    # committed; what follows is tidying that no failure can make untrue
-    with contextlib.suppress(OSError, PatchError):
-        if final is None:
-            state.clear()
-        else:
-            for relpath in set(journal.files) - set(final.files):
-                state.remove_backup(relpath)
+    with interrupts.held() as signals:
+        try:
+            for relpath, data in sorted(new_backups.items()):
+                step = ("back up the original in", state.backup_path(relpath))
+                backups_written.append(relpath)  # before: a backup may exist the moment it is written
+                state.write_backup(relpath, data)
+                signals.check()
+            for change in changes:
+                step = ("stage the new", change.path)
+                staged[change.relpath] = fs.stage(change.path, change.wanted, change.mode)
+                signals.check()
+            step = ("write the manifest", state.manifest_path)
+            state.write_manifest(journal)
+            journal_written = True
+            for change in changes:
+                signals.check()
+                step = ("replace", change.path)
+                fs.replace(staged[change.relpath], change.path)
+                del staged[change.relpath]
+                step = ("remove the stale bytecode of", change.path)
+                remove_stale_bytecode(change.path)
+                if _after_file_write is not None:
+                    _after_file_write(change.relpath)
+            for directory in sorted({change.path.parent for change in changes}):
+                fs.sync_dir(directory)
+            signals.check()
+            step = ("write the manifest", state.manifest_path)
+            if final is None:
+                state.remove_manifest()
+            else:
+                state.write_manifest(final)
+        except BaseException as exc:
+            rollback_error = _roll_back(state, old_raw, staged, changes, journal_written, backups_written,
+                                        new_backups, package_dir)
+            if isinstance(exc, OSError):
+                raise _write_error(exc, step, rollback_error) from None
+            raise
+        # committed; what follows is tidying that no failure can make untrue
+        with contextlib.suppress(OSError, PatchError):
+            if final is None:
+                state.clear()
+            else:
+                for relpath in set(journal.files) - set(final.files):
+                    state.remove_backup(relpath)
 
 
 def _roll_back(
-    state: StateDir, old_raw: bytes | None, staged: dict[str, str], replaced: list[FileChange],
-    journal_written: bool, backups_written: list[str],
+    state: StateDir, old_raw: bytes | None, staged: dict[str, str], changes: list[FileChange],
+    journal_written: bool, backups_written: list[str], new_backups: dict[str, bytes], package_dir: Path | None,
 ) -> BaseException | None:
     """Undo a failed write; returns the error that stopped the undo (the journal then stays, so that
-    `status` says partial and the next run finishes the job), or None when all was put back."""
+    `status` says partial and the next run finishes the job), or None when all was put back.
+
+    Each file's bytes decide: one that no longer holds what it held before is written back, whether or
+    not its rename was seen to finish. A new backup goes only once the file it backs holds its bytes."""
     for tmp_name in staged.values():
         with contextlib.suppress(OSError):
             fs.unlink(tmp_name)
     try:
-        for change in reversed(replaced):
+        for change in reversed(changes):
+            now = _read_or_none(change.path)
+            if now == change.current:
+                continue
             if change.current is None:
                 with contextlib.suppress(FileNotFoundError):
                     fs.unlink(change.path)
@@ -519,13 +592,15 @@ def _roll_back(
         return exc
     for relpath in backups_written:
         with contextlib.suppress(OSError):
-            state.remove_backup(relpath)
+            if package_dir is not None and _read_or_none(package_dir / relpath) == new_backups[relpath]:
+                state.remove_backup(relpath)
     return None
 
 
 def _write_error(exc: OSError, step: tuple[str, Path], rollback_error: BaseException | None) -> PatchError:
     verb, path = step
-    what = io_error(exc, f"cannot {verb}", exc.filename or path)
+    named = str(exc.filename or "")  # a temp file's name means nothing to the user: name the file it stands for
+    what = io_error(exc, f"cannot {verb}", named if named and not named.endswith(fs.TEMP_SUFFIX) else path)
     if rollback_error is None:
         return PatchError(f"{what}; every file was put back as it was, nothing changed")
     undo = io_error(rollback_error, "at", rollback_error.filename) if isinstance(rollback_error, OSError) \
@@ -580,11 +655,13 @@ def apply(
     if patch_ids is not None and not patch_ids:
         raise UsageError(f"no patch of {engine.engine} named")
     candidates = patches_for(engine.engine, patch_ids)
-    if patch_ids is None and not allow_unknown_version:
-        candidates = [p for p in candidates if p.supports(engine.version)]
+    if patch_ids is None:
+        candidates = [p for p in candidates if not p.not_needed_on(engine.version)
+                      and (allow_unknown_version or p.supports(engine.version))]
     if not candidates:
         raise PatchError(f"no patch supports {engine.distribution} {engine.version} "
-                         f"(see `toolkit list`; --allow-unknown-version to try anyway)")
+                         f"(see `toolkit list`; --allow-unknown-version, allow_unknown_version=True in Python, "
+                         "tries anyway)")
     _require_runtime(engine, candidates)
     return reconcile(engine, add=[p.id for p in candidates], force=force, dry_run=dry_run,
                      allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout)
@@ -663,7 +740,8 @@ def status(engine: InstalledEngine) -> list[PatchState]:
                 detail = "changed since patched: " + ", ".join(r for r, s in files.items() if s != "patched")
             else:
                 state = PARTIAL
-                detail = f"an {manifest.state.replace('ing', '')} was interrupted; run apply-patch or revert to finish"
+                verb = "an apply" if manifest.state == "applying" else "a revert"
+                detail = f"{verb} was interrupted; run apply-patch or revert to finish"
         if manifest is not None and not stale and state in (APPLIED, PARTIAL):
             lost = _unusable_backups(state_dir, manifest, [e.relpath for e in patch.files])
             if lost:

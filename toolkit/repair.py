@@ -70,12 +70,21 @@ def record_hashes(engine: InstalledEngine) -> dict[str, str]:
                      "the release's files is what repair checks against (reinstall with pip to get it back)")
 
 
+def _cache_root() -> Path:
+    named = os.environ.get("TOOLKIT_CACHE_DIR") or "~/.cache/toolkit"
+    try:
+        return Path(named).expanduser()
+    except RuntimeError:  # "~someone" with no such user, or no home at all
+        raise PatchError(f"TOOLKIT_CACHE_DIR={named!r} names a home folder that does not exist on this machine; "
+                         "set it to a folder path") from None
+
+
 def pip_download(python: str) -> FetchRelease:
     """The default release source: ``pip download --no-deps DIST==VERSION`` with the engine's own
     interpreter (so the wheel matches its platform), cached under ``$TOOLKIT_CACHE_DIR/wheels``."""
 
     def fetch(distribution: str, version: str) -> Path:
-        cache = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser() / "wheels"
+        cache = _cache_root() / "wheels"
         stem = f"{distribution.replace('-', '_')}-{version}-"
         found = sorted(cache.glob(f"{stem}*.whl"))
         if not found:
@@ -121,6 +130,9 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                     continue
                 path = _engine._engine_file(engine, relpath)
                 current = sha256_file(path)
+                # every file is recorded, done or not: a repair stopped mid-way must leave `status` seeing
+                # release bytes as "original", not as files the journal does not know
+                journal.files[relpath] = FileRecord(want, want, [], [current] if current and current != want else [])
                 if current == want:
                     continue
                 data, origin = _verified_bytes(state, release, relpath, want)
@@ -128,7 +140,6 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                 mode = fs.file_mode(path)
                 changes.append(_engine.FileChange(relpath, path, _engine._read_or_none(path), data,
                                                   0o644 if mode is None else mode))
-                journal.files[relpath] = FileRecord(want, want, [], [current] if current else [])
             if not changes and old_raw is None and not state.backup_root.exists():
                 return result
             _engine._write(state, old_raw, journal, None, changes, {})

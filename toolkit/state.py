@@ -20,6 +20,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
 import stat
 import time
@@ -134,10 +135,19 @@ class Manifest:
                 _string_list(rec.get("patches"), f"{relpath}: patches"),
                 _string_list(rec.get("prior", []), f"{relpath}: prior"),
             )
-        updated_at = data.get("updated_at", 0.0)
         return cls(data["toolkit_version"], data["engine"], data["distribution"], data["engine_version"],
-                   data["state"], patches, records,
-                   float(updated_at) if isinstance(updated_at, (int, float)) else 0.0)
+                   data["state"], patches, records, _timestamp(data.get("updated_at")))
+
+
+def _timestamp(value: Any) -> float:
+    """``updated_at`` is for people, not for decisions: anything but a finite number reads as 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def _expect(data: dict[str, Any], key: str, kind: type) -> Any:
@@ -219,7 +229,7 @@ class StateDir:
     def parse_manifest(self, raw: bytes) -> Manifest:
         try:
             return Manifest.from_json(raw.decode("utf-8"))
-        except (ValueError, TypeError, RecursionError) as exc:
+        except (ValueError, TypeError, RecursionError, OverflowError) as exc:
             raise CorruptManifest(
                 f"the toolkit manifest {self.manifest_path} is unreadable ({_one_line(exc)}); "
                 "`toolkit repair` puts the engine's release files back and clears the state"
@@ -274,8 +284,16 @@ class StateDir:
         fs.atomic_write(path, data, FILE_MODE)
 
     def remove_backup(self, relpath: str) -> None:
+        """Remove one backup, then its folders up to ``backups/`` as they become empty."""
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             fs.unlink(self.backup_path(relpath))
+        folder = self.backup_path(relpath).parent
+        while self.backup_root in (folder, *folder.parents):
+            try:
+                fs.rmdir(folder)
+            except OSError:  # not empty (or gone): the folders above are not empty either
+                return
+            folder = folder.parent
 
     def clear(self) -> None:
         """Remove manifest and backups once nothing is applied (the manifest first: it is the truth)."""

@@ -99,8 +99,11 @@ def verify(
     """Verify a served engine. Launches one unless ``url`` is given; never leaves a process behind."""
     from toolkit import engine as patch_engine
 
+    from toolkit.discovery import interpreter
+
     started = time.monotonic()
     say = on_phase or (lambda message: None)
+    python = interpreter(python)  # relative, or a venv's folder: the absolute bin/python the server runs
     installed = engine_install(engine, python)
     if installed is None and url is None:
         from toolkit.errors import UsageError

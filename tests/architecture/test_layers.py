@@ -12,11 +12,11 @@ from __future__ import annotations
 from tests.architecture.import_graph import cycles, edges, stray_top_level_imports
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
-    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli")),
+    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output")),
     ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.repair", "toolkit.patch_study")),
     ("patches", ("toolkit.patches",)),
-    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs",
+    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts",
               "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}

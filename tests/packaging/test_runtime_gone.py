@@ -129,7 +129,9 @@ def test_status_reports_an_engine_that_lost_toolkit(patched_engine):
     proc = subprocess.run([sys.executable, "-m", "toolkit", "status", "--python", python, "--json"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 1, proc.stderr  # a state that needs action is a failed check
-    rows = json.loads(proc.stdout)
+    payload = json.loads(proc.stdout)
+    assert payload["schema"] == 1 and payload["ok"] is False
+    rows = payload["patches"]
     applied = [r for r in rows if r["engine"] == engine and r["state"] != "not applied"]
     assert applied, rows
     for row in applied:
@@ -141,7 +143,7 @@ def test_status_reports_an_engine_that_lost_toolkit(patched_engine):
                           capture_output=True, text=True, env={**os.environ, **(sglang_env() if engine == "sglang" else {})},
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert {r["patch_id"] for r in json.loads(proc.stdout) if r["state"] == "applied"} == \
+    assert {r["patch_id"] for r in json.loads(proc.stdout)["patches"] if r["state"] == "applied"} == \
         {r["patch_id"] for r in applied}
 
 

@@ -95,9 +95,11 @@ def test_plain_install_lists_and_says_which_extra_verify_needs(wheel, tmp_path):
     checked([python, "-m", "pip", "install", "-q", wheel])
     toolkit = python.parent / "toolkit"
     listed = json.loads(checked([toolkit, "list", "--json"]).stdout)
-    assert {row["id"] for row in listed} >= {"tito", "token-ids", "patch-sweep", "responses-stream"}
+    assert listed["schema"] == 1 and listed["ok"] is True
+    assert {row["id"] for row in listed["patches"]} >= {"tito", "token-ids", "patch-sweep", "responses-stream"}
     status = run([toolkit, "status", "--json"])
     assert status.returncode == 0 and "Traceback" not in status.stderr, status.stderr
+    assert json.loads(status.stdout) == {"schema": 1, "ok": True, "patches": []}  # no engine in a fresh venv
     checked([toolkit, "verify", "--help"])
     proc = run([toolkit, "verify", "--model", str(tmp_path), "--url", "http://127.0.0.1:9"])
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
@@ -121,5 +123,6 @@ def test_python_into_an_environment_without_this_project_refuses_and_writes_noth
     proc = run([ours.parent / "toolkit", "apply-patch", "--python", other, "--json"])
     assert proc.returncode in (1, 2), (proc.returncode, proc.stdout, proc.stderr)
     error = json.loads(proc.stdout)
+    assert error["schema"] == 1 and error["ok"] is False
     assert "serving-toolkit" in error["error"] and "pip install" in error["error"], error
     assert sorted(str(p.relative_to(site)) for p in site.rglob("*")) == before

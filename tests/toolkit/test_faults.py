@@ -39,20 +39,25 @@ PRIMITIVES = ("read_bytes", "lstat", "listdir", "mkdir", "chmod", "unlink", "rmd
 
 class Injector:
     """Counts calls to toolkit.fs; fails call ``fail_at`` (and every later one when sticky), or
-    SIGKILLs the process at call ``kill_at``."""
+    SIGKILLs the process at call ``kill_at``, or sends it SIGINT (a real signal, as Ctrl-C does) just
+    before call ``interrupt_at`` or just after it returned (``interrupt_after``: the rename done, its
+    caller not yet told)."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.fail_at: int | None = None
         self.kill_at: int | None = None
+        self.interrupt_at: int | None = None
+        self.interrupt_after = False
         self.errno = errno.EIO
         self.sticky = False
         self.injected = 0
 
     @contextlib.contextmanager
     def active(self, fail_at: int | None = None, kill_at: int | None = None, err: int = errno.EIO,
-               sticky: bool = False):
+               sticky: bool = False, interrupt_at: int | None = None, interrupt_after: bool = False):
         self.calls, self.fail_at, self.kill_at, self.errno, self.sticky = 0, fail_at, kill_at, err, sticky
+        self.interrupt_at, self.interrupt_after = interrupt_at, interrupt_after
         saved = {name: getattr(fs, name) for name in PRIMITIVES}
         for name, real in saved.items():
             setattr(fs, name, self._wrap(name, real))
@@ -67,6 +72,13 @@ class Injector:
             self.calls += 1
             if self.kill_at == self.calls:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.interrupt_at == self.calls and self.interrupt_after:
+                try:
+                    return real(*args, **kwargs)
+                finally:  # also when the call raised (a file not found is an answer too)
+                    os.kill(os.getpid(), signal.SIGINT)
+            if self.interrupt_at == self.calls:
+                os.kill(os.getpid(), signal.SIGINT)
             if self.fail_at is not None and (self.calls == self.fail_at or (self.sticky and self.calls > self.fail_at)):
                 self.injected += 1
                 if name == "close":
@@ -165,6 +177,8 @@ class Harness:
         scenario.op(done)
         self.after = _digests(done, self.relpaths)
         self.states_after = _states(done)
+        self.backups_before = _backups(self._installed(self.template))
+        self.backups_after = _backups(done)
         assert self.after != self.before, "the scenario must change files"
         self.count = 0
 
@@ -255,6 +269,50 @@ class Harness:
                 raise AssertionError(f"{self.scenario.name}: SIGKILL at call {k}/{total}: {exc}") from exc
 
 
+    def interrupt_at_every_call(self, injector: Injector, step: int = 1) -> None:
+        """Ctrl-C before and after every call: each run ends as it began or as it should, never between
+        (no partial state, no file without its backup), with status true and the next runs finishing."""
+        total = self.count_calls(injector)
+        for k in range(1, total + 1, step):
+            for after in (False, True):
+                installed = self.fresh("case")
+                pid = os.fork()
+                if pid == 0:  # the child: the command, with SIGINT at call k
+                    code = 0
+                    try:
+                        with injector.active(interrupt_at=k, interrupt_after=after):
+                            self.scenario.op(installed)
+                    except KeyboardInterrupt:
+                        code = 130
+                    except BaseException:  # noqa: BLE001 - any other ending is a failure of the test
+                        code = 1
+                    os._exit(code)
+                _, status = os.waitpid(pid, 0)
+                where = f"{self.scenario.name}: SIGINT {'after' if after else 'before'} call {k}/{total}"
+                assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 130, f"{where}: {status}"
+                self.count += 1
+                try:
+                    self.check_after_interrupt(installed)
+                    self.finish(installed)
+                except AssertionError as exc:
+                    raise AssertionError(f"{where}: {exc}") from exc
+
+    def check_after_interrupt(self, installed) -> None:
+        now = _digests(installed, self.relpaths)
+        assert now in (self.before, self.after), "files neither as they were nor as they should be"
+        ended = "before" if now == self.before else "after"
+        assert _states(installed) == (self.states_before if ended == "before" else self.states_after)
+        assert _backups(installed) == (self.backups_before if ended == "before" else self.backups_after), \
+            f"backups differ from a run that ended {ended}"
+        assert _temps(installed.site_dir) == []
+
+
+def _backups(installed) -> dict[str, str]:
+    root = StateDir(installed.site_dir, installed.engine).backup_root
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()} if root.is_dir() else {}
+
+
 def _report(capsys, what: str, count: int) -> None:
     with capsys.disabled():
         print(f"\n{what}: {count} faults injected, every file whole, status true, every next run finished")
@@ -313,6 +371,60 @@ def test_sigkill_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_d
     _report(capsys, f"demo tree, SIGKILL, {scenario.name}", harness.count)
 
 
+@pytest.mark.parametrize("scenario", DEMO_SCENARIOS, ids=lambda s: s.name)
+def test_sigint_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_dir, capsys):
+    harness = Harness(fault_dir, demo_patches.make_engine_tree, scenario, demo_registry)
+    harness.interrupt_at_every_call(Injector())
+    _report(capsys, f"demo tree, SIGINT, {scenario.name}", harness.count)
+    assert harness.count >= 40
+
+
+def test_sigint_at_every_call_during_repair(demo_registry, fault_dir, capsys):
+    from toolkit.repair import repair
+
+    scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
+    harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
+    harness.interrupt_at_every_call(Injector())
+    _report(capsys, "demo tree, SIGINT, repair", harness.count)
+
+
+def _lose_manifest(installed) -> None:
+    engine.apply(installed, ["demo", "second"])
+    StateDir(installed.site_dir, installed.engine).manifest_path.unlink()
+
+
+@pytest.mark.parametrize("command", ["revert", "revert demo", "apply", "apply second"])
+def test_a_lost_manifest_stops_every_command_and_keeps_the_backups(command, demo_registry, fault_dir):
+    """Patched files and no manifest: the command says so and fails; no backup goes, no file changes;
+    SIGINT at any call of it changes nothing either; repair then restores the release from the backups."""
+    from toolkit.repair import repair
+
+    verb, _, patch_id = command.partition(" ")
+    call = engine.revert if verb == "revert" else engine.apply
+    op = lambda e: call(e, [patch_id] if patch_id else None)  # noqa: E731
+    site = _site_with_record(fault_dir / "pristine")
+    release = {r: (site / "sglang" / r).read_bytes() for r in ("srt/serving.py", "srt/protocol.py")}
+    installed = load_source(site).as_installed()
+    _lose_manifest(installed)
+    files, backups = _digests(installed, release), _backups(installed)
+    assert backups, "the apply wrote backups"
+    injector = Injector()
+    with pytest.raises(PatchError, match="manifest is missing"), injector.active():
+        op(installed)
+    for k in range(1, injector.calls + 1):
+        pid = os.fork()
+        if pid == 0:
+            with contextlib.suppress(BaseException), injector.active(interrupt_at=k):
+                op(installed)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    assert _digests(installed, release) == files and _backups(installed) == backups
+    assert set(_states(installed).values()) == {"patched, no manifest"}
+    repair(installed, _no_download)
+    assert {r: (site / "sglang" / r).read_bytes() for r in release} == release
+    assert set(_states(installed).values()) == {"not applied"} and _backups(installed) == {}
+
+
 # --------------------------------------------------------------------------------------------------
 # copies of real engine trees (only the dist-info and the files the patches edit)
 
@@ -352,5 +464,6 @@ def test_every_failing_call_on_a_real_tree(name, package, fault_dir, capsys):
         harness = Harness(fault_dir / scenario.name.replace(" ", "-"), _slim_site(name, package), scenario, patches)
         harness.fail_every_call(Injector(), (errno.ENOSPC, errno.EROFS))
         harness.kill_at_every_call(Injector(), step=3)
+        harness.interrupt_at_every_call(Injector(), step=4)
         count += harness.count
     _report(capsys, f"{name} copy", count)

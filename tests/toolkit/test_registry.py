@@ -144,6 +144,8 @@ def test_versions_are_one_range_with_an_upper_bound():
 def test_toolkit_list_shows_each_patch_range():
     out = subprocess.run([sys.executable, "-m", "toolkit", "list", "--json"], capture_output=True, text=True,
                          check=True, cwd=REPO).stdout
-    rows = {(row["engine"], row["id"]): row["versions"] for row in json.loads(out)}
+    listed = json.loads(out)
+    assert listed["schema"] == 1 and listed["ok"] is True
+    rows = {(row["engine"], row["id"]): row["versions"] for row in listed["patches"]}
     assert rows == {(p.engine, p.id): p.versions for p in all_patches()}
     assert all(isinstance(v, str) and v[:2] in (">=", "==") for v in rows.values())

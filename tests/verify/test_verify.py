@@ -62,6 +62,7 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
             capture_output=True, text=True, timeout=600, cwd=REPO,
         )
     report = json.loads(proc.stdout)
+    assert report["schema"] == 1 and report["ok"] is (proc.returncode == 0)
     statuses = {r["name"]: r["status"] for r in report["results"]}
     assert proc.returncode == 0, (statuses, report["results"], proc.stderr[-2000:])
     assert report["verdict"] == "pass" and report["engine"] == "vllm"
@@ -139,7 +140,7 @@ def test_server_that_never_becomes_healthy(tmp_path, vllm_python, tiny_model):
         capture_output=True, text=True, timeout=120, cwd=REPO,
     )
     report = json.loads(proc.stdout)
-    assert proc.returncode == 1
+    assert proc.returncode == 1 and report["schema"] == 1 and report["ok"] is False
     assert report["verdict"] == "error" and "not healthy after 5s" in report["error"]
     assert len(report["server_pids"]) >= 2  # the shell and its forked child
     assert all(not pid_alive(pid) for pid in report["server_pids"])

@@ -21,4 +21,6 @@ PATCH = Patch(
     ),
     summary="--attention-backend superlinear (superlinear attention over the token KV pool, CPU included)",
     runtime_modules=("toolkit.patches.sglang.superlinear_backend.runtime",),
+    not_needed=(">=0.5.11", "SGLang loads the same backend from serving-toolkit's plugin entry point "
+                            "(--attention-backend superlinear works without this patch)"),
 )

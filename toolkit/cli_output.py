@@ -1,0 +1,202 @@
+"""What the ``toolkit`` commands print: rich tables and lines for people, one JSON object for machines.
+
+Every ``--json`` output is one object carrying ``"schema": 1`` and ``"ok"`` (errors too:
+``{"schema": 1, "ok": false, "error": ..., "kind": ...}``); under schema 1 fields are only ever added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from toolkit.discovery import InstalledEngine
+
+JSON_SCHEMA = 1
+STATE_STYLE = {"applied": "green", "not applied": "dim", "not needed": "dim", "partial": "yellow",
+               "drifted": "red", "in progress": "cyan", "patched, no manifest": "red", "runtime missing": "red"}
+SHOWN_FILES = 5  # files listed per engine without -v
+
+
+def emit_json(ok: bool, **fields: Any) -> None:
+    """One JSON object on stdout: ``{"schema": 1, "ok": ..., **fields}``."""
+    print(json.dumps({"schema": JSON_SCHEMA, "ok": ok, **fields}, indent=2))
+
+
+def silence_stdout() -> None:
+    """After a broken pipe (``toolkit status --json | head -1``): point stdout at /dev/null, so that the
+    flush at exit fails on nothing (Python's documented recipe for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind sys.stdout (an embedding caller)
+        pass
+
+
+def engine_json(installed: InstalledEngine) -> dict[str, Any]:
+    return {"engine": installed.engine, "distribution": installed.distribution, "version": installed.version,
+            "package_dir": installed.package_dir}
+
+
+def id_column(table: Table, ids: Sequence[str], name: str = "patch") -> None:
+    """The patch-id column: never wrapped or cut, whatever the width (users copy ids into --patch)."""
+    table.add_column(name, no_wrap=True, min_width=max([len(i) for i in ids] + [len(name)]), overflow="fold")
+
+
+def print_list(console: Console, patches: Sequence[Any], verbose: bool) -> None:
+    table = Table(title="toolkit patches")
+    id_column(table, [p.id for p in patches])
+    for column in ("engine", "versions", "files", "summary") + (("runtime modules", "not needed on") if verbose else ()):
+        table.add_column(column, no_wrap=column in ("engine", "versions"))
+    for p in patches:
+        extra = ("\n".join(p.runtime_modules), " ".join(filter(None, p.not_needed))) if verbose else ()
+        table.add_row(p.id, p.engine, p.versions_text, "\n".join(f.relpath for f in p.files), p.summary, *extra)
+    console.print(table)
+
+
+def print_status(console: Console, rows: Sequence[Any], notes: dict[tuple[str, str], str], verbose: bool) -> None:
+    table = Table(title="toolkit status")
+    table.add_column("engine")
+    table.add_column("version")
+    id_column(table, [row.patch_id for row in rows])
+    table.add_column("state", no_wrap=True)
+    table.add_column("detail")
+    for row in rows:
+        state, detail = str(row.state), row.detail
+        not_needed = notes.get((row.engine, row.patch_id), "")
+        if not_needed:
+            state, detail = "not needed", not_needed
+        elif not row.supported:
+            detail = (detail + " " if detail else "") + "(version not proved; --allow-unknown-version tries it)"
+        if verbose and row.files:
+            detail = "\n".join([detail] * bool(detail) + [f"{relpath}: {s}" for relpath, s in sorted(row.files.items())])
+        style = STATE_STYLE.get(state, "default")
+        table.add_row(row.engine, f"{row.distribution} {row.engine_version}", row.patch_id,
+                      f"[{style}]{escape(state)}[/{style}]", escape(detail))
+    console.print(table)
+
+
+def print_files(console: Console, relpaths: Sequence[str], verbose: bool, notes: dict[str, str] | None = None) -> None:
+    shown = relpaths if verbose else relpaths[:SHOWN_FILES]
+    for relpath in shown:
+        note = f" ({notes[relpath]})" if notes and relpath in notes else ""
+        console.print(f"  {relpath}{note}", markup=False, highlight=False)
+    if len(shown) < len(relpaths):
+        console.print(f"  ... and {len(relpaths) - len(shown)} more (-v lists them all)", highlight=False)
+
+
+def skipped_line(installed: InstalledEngine, skipped: Sequence[dict[str, str]]) -> list[str]:
+    """The patches an apply without --patch left out, by why: not needed, or not proved on this release."""
+    name = f"{installed.distribution} {installed.version}"
+    lines = []
+    for reason in ("not needed", "not proved"):
+        these = [s for s in skipped if s["reason"] == reason]
+        if not these:
+            continue
+        ids = ", ".join(s["patch"] for s in these)
+        if reason == "not needed":
+            lines.append(f"  not needed on {name}: {ids} ({'; '.join(dict.fromkeys(s['detail'] for s in these))})")
+        else:
+            lines.append(f"  skipped (not proved on {name}): {ids} (--allow-unknown-version tries them)")
+    return lines
+
+
+def print_apply(console: Console, rows: Sequence[tuple[InstalledEngine, Any, list]], *, reverting: bool,
+                diff: bool, verbose: bool) -> None:
+    for installed, result, skipped in rows:
+        name = f"{installed.distribution} {installed.version}"
+        applied = ", ".join(result.patches) or "none"
+        if diff and result.changed:
+            console.print(result.diff(), markup=False, highlight=False, soft_wrap=True)
+        if not result.changed:
+            line = f"nothing to revert (still applied: {applied})" if reverting else f"already applied ({applied})"
+        elif result.dry_run:
+            line = (f"would {'revert, changing' if reverting else 'change'} {len(result.changed)} file(s); "
+                    f"would leave applied: {applied}")
+        elif reverting:
+            line = f"reverted, changed {len(result.changed)} file(s); still applied: {applied}"
+        else:
+            line = f"changed {len(result.changed)} file(s); applied now: {applied}"
+        console.print(f"{name}: {line}", markup=False, highlight=False)
+        if verbose:
+            console.print(f"  {installed.package_dir} (python {installed.python})", markup=False, highlight=False)
+        print_files(console, result.changed_files, verbose)
+        for text in skipped_line(installed, skipped):
+            console.print(text, markup=False, highlight=False)
+
+
+def print_repair(console: Console, results: Sequence[Any], nothing: str, verbose: bool) -> None:
+    if not results:
+        console.print(nothing, markup=False, highlight=False)
+    for r in results:
+        if r.orphan:
+            console.print(f"{r.engine}: not installed any more; removed its toolkit state", highlight=False)
+            continue
+        name = f"{r.distribution} {r.version}"
+        if r.restored:
+            origins = sorted(set(r.restored.values()))
+            console.print(f"{name}: restored {len(r.restored)} file(s) to the release's bytes "
+                          f"(from {' and '.join(origins)}); patch state cleared", highlight=False)
+            print_files(console, sorted(r.restored), verbose, r.restored)
+        elif r.cleared_state:
+            console.print(f"{name}: files match pip's RECORD; patch state cleared", highlight=False)
+        else:
+            console.print(f"{name}: files match pip's RECORD; nothing to repair", highlight=False)
+        for relpath in r.unverifiable:
+            console.print(f"  {relpath}: not in pip's RECORD, left as it is", markup=False, highlight=False)
+
+
+def print_check(console: Console, source: Any, checks: Sequence[Any], verbose: bool) -> None:
+    table = Table(title=escape(f"{source.distribution} {source.version}: {source.origin}"))
+    id_column(table, [c.patch_id for c in checks])
+    for column in ("file", "anchor", "result"):
+        table.add_column(column)
+    for check in checks:
+        for anchor in check.anchors:
+            result = "[green]found[/green]" if anchor.ok else f"[red]{escape(anchor.problem)}[/red]"
+            table.add_row(check.patch_id, escape(anchor.relpath), escape(f"{anchor.anchor}: {anchor.description}"), result)
+        for error in check.errors:
+            table.add_row(check.patch_id, "", "", f"[red]{escape(error)}[/red]")
+    console.print(table)
+    for check in checks:
+        verdict = "[green]would apply[/green]" if check.ok else "[red]would NOT apply[/red]"
+        note = "" if check.supported else " (version outside its specifier: needs --allow-unknown-version)"
+        found = sum(a.ok for a in check.anchors)
+        count = f" ({found} of {len(check.anchors)} anchors found)" if verbose else ""
+        console.print(f"{escape(check.patch_id)}: {verdict}{note}{count}", highlight=False)
+
+
+def print_verify(console: Console, report: Any, verbose: bool) -> None:
+    table = Table(title=escape(f"toolkit verify: {report.engine} {report.engine_version}, {report.model}"))
+    id_column(table, [row.name for row in report.results], "check")
+    for column in ("result", "detail"):
+        table.add_column(column)
+    style = {"pass": "green", "fail": "red", "error": "red", "skip": "dim"}
+    for row in report.results:
+        table.add_row(row.name, f"[{style[row.status]}]{row.status}[/{style[row.status]}]", escape(row.detail))
+    console.print(table)
+    if verbose:
+        console.print(f"server: {report.base_url or 'none'}; applied patches: {', '.join(report.applied_patches) or 'none'}",
+                      markup=False, highlight=False)
+    for row in report.results:
+        if row.evidence:
+            console.print(f"[red]{escape(row.name)}[/red] evidence:", highlight=False)
+            for key, value in row.evidence.items():
+                console.print(f"  {key}: {value}", markup=False, highlight=False)
+    if report.apply_first:
+        console.print(f"[yellow]apply these patches first:[/yellow] toolkit apply-patch {report.engine} "
+                      + " ".join(f"--patch {p}" for p in report.apply_first), highlight=False)
+    if report.error:
+        console.print(f"[red]{escape(report.error)}[/red]", highlight=False)
+    if report.log_tail:
+        console.print("server log (last lines):", highlight=False)
+        console.print(report.log_tail, markup=False, highlight=False)
+    timing = f" in {report.seconds:.0f}s" + (f" (start-up {report.startup_seconds:.0f}s)" if report.launched else "")
+    colour = "green" if report.ok else "red"
+    console.print(f"verdict: [{colour}]{report.verdict}[/{colour}] ({len(report.ran)} checks ran){timing}",
+                  highlight=False)
