@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import re
 import sys
@@ -213,7 +214,7 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
     for installed in installed_engines(args.engine, args.patches, args.python, python_option=PYTHON_OPTION):
         ids = ids_for(installed, args.patches)
         quiet = args.json or args.quiet
-        with _null() if quiet else console.status(
+        with contextlib.nullcontext() if quiet else console.status(
                 f"{'reverting' if reverting else 'patching'} {installed.engine} {installed.version}...", spinner="dots"):
             if reverting:
                 result = _engine.revert(installed, ids, force=args.force, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
@@ -235,14 +236,6 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
         return 0
     out.print_apply(console, rows, reverting=reverting, diff=args.diff, verbose=args.verbose)
     return 0
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:

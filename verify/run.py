@@ -9,6 +9,7 @@ from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from toolkit.errors import UsageError
 from toolkit.extras import require
 
 require("verify", ("httpx", "psutil"), "toolkit verify")
@@ -73,7 +74,17 @@ def load_tokenizer(model: str) -> Any:
     require("verify", ("transformers",), "toolkit verify")
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model)
+    if not Path(model).expanduser().exists() and (model.startswith((".", "/", "~")) or model.count("/") > 1):
+        # a path that is not there (a hub id is "org/name"): say so before transformers reads it as an id
+        raise UsageError(f"model {model!r} not found: pass a model folder or a Hugging Face model id")
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except OSError as exc:  # not found on the hub, offline, no tokenizer files: transformers says which
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"cannot load the tokenizer of {model!r}: {first}") from None
+    except ValueError as exc:  # huggingface_hub's HFValidationError: a string that is no repo id
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"model {model!r} is neither a folder nor a Hugging Face model id ({first})") from None
 
 
 def engine_install(engine: str | None, python: str | None):

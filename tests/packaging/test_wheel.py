@@ -126,3 +126,66 @@ def test_python_into_an_environment_without_this_project_refuses_and_writes_noth
     assert error["schema"] == 1 and error["ok"] is False
     assert "serving-toolkit" in error["error"] and "pip install" in error["error"], error
     assert sorted(str(p.relative_to(site)) for p in site.rglob("*")) == before
+
+
+def _stand_in_sglang(python: Path, record_rows: str = "") -> Path:
+    """An sglang 0.5.9 distribution's files in ``python``'s site-packages (the real engines are tested
+    elsewhere); ``record_rows`` is its RECORD."""
+    site = site_packages(python)
+    (site / "sglang" / "srt").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    info = site / "sglang-0.5.9.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\n")
+    (info / "RECORD").write_text(record_rows)
+    return site
+
+
+def test_what_a_new_user_trips_over_is_never_a_traceback(wheel, tmp_path):
+    """Issue 29's inputs against the built wheel in a fresh venv: each ends in one sentence (or JSON)
+    and its exit code, never a traceback."""
+    import os
+    import signal
+    import time
+
+    ours = new_venv(tmp_path / "ours")
+    checked([ours, "-m", "pip", "install", "-q", wheel])
+    toolkit = str(ours.parent / "toolkit")
+    engine = new_venv(tmp_path / "engine")
+    # a file whose bytes differ from its RECORD row: repair must fetch the release, which needs the cache
+    site = _stand_in_sglang(engine, "sglang/srt/server_args.py,sha256=AAAA,1\n")
+    (site / "sglang" / "srt" / "server_args.py").write_text("x = 1\n")
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 60\n")
+    hang.chmod(0o755)
+    cases = [  # (argv, extra environment, cwd, exit codes, words the output must hold)
+        ([toolkit, "aply-patch"], {}, "/", (2,), "did you mean apply-patch"),
+        ([toolkit, "status", "--forse"], {}, "/", (2,), "--force"),
+        ([toolkit, "bogus"], {}, "/", (2,), "see `toolkit --help`"),
+        ([toolkit, "--version", "--json"], {}, "/", (0,), '"schema": 1'),
+        ([toolkit, "status", "--python", "engine/bin/python", "--json"], {}, str(tmp_path), (0, 1), '"schema": 1'),
+        ([toolkit, "status", "--python", "./engine"], {}, str(tmp_path), (0, 1), "sglang"),
+        ([toolkit, "status", "--python", str(hang)], {"TOOLKIT_PROBE_TIMEOUT": "1"}, "/", (2,), "within 1 s"),
+        ([toolkit, "apply-patch", "--patch", "patch-sweep", "--python", str(engine)], {}, "/", (2,),
+         "vLLM is not installed"),
+        ([toolkit, "repair", "--python", str(engine)], {"TOOLKIT_CACHE_DIR": "~nosuchuser29/x"}, "/", (1,),
+         "home folder that does not exist"),
+        ([toolkit, "repair", "--python", str(engine)], {"TOOLKIT_DEBUG": "0", "TOOLKIT_CACHE_DIR": "~nosuchuser29/x"},
+         "/", (1,), "home folder that does not exist"),
+        ([toolkit, "apply-patch", "--lock-timeout", "nan"], {}, "/", (2,), "finite"),
+    ]
+    for argv, env, cwd, codes, words in cases:
+        proc = run(argv, cwd=cwd, env={**os.environ, **env})
+        out = proc.stdout + proc.stderr
+        assert proc.returncode in codes and words in out and "Traceback" not in out, (argv, proc.returncode, out)
+    # a reader that closes the pipe early
+    proc = run(["bash", "-c", f"{toolkit} list --json | head -1; exit ${{PIPESTATUS[0]}}"])
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
+    # Ctrl-C while the command line loads, at a few moments of it
+    for delay in (0.15, 0.25, 0.4):
+        child = subprocess.Popen([toolkit, "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd="/")
+        time.sleep(delay)
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+        assert "Traceback" not in err and child.returncode in (0, 130), (delay, child.returncode, err)

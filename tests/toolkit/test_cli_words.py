@@ -324,3 +324,15 @@ def re_commands(text: str) -> list[str]:
     import re
 
     return re.findall(r"`(toolkit (?:list|apply-patch|revert|status|repair|check|verify)[^`]*)`", text)
+
+
+@pytest.mark.parametrize("model,words", [
+    ("/nonexistent", "not found: pass a model folder"),
+    ("./no-such-model", "not found: pass a model folder"),
+    ("not a repo id", "neither a folder nor a Hugging Face model id"),
+])
+def test_verify_with_a_model_that_is_not_one_is_a_usage_error(model, words, monkeypatch, capsys):
+    """Was "internal error (HFValidationError ...)"; checked before any server starts."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli.main(["verify", "--model", model, "--url", "http://127.0.0.1:9"]) == 2
+    assert words in one_line(capsys.readouterr().err)

@@ -6,6 +6,7 @@ no patch.
 """
 
 from toolkit.declare import FileEdit, Patch
+from toolkit.patches.sglang.superlinear.plugin import SGLANG_RELEASES
 
 # Transformers by name: the codemods (libcst) load only when a file is rewritten.
 CODEMODS = "toolkit.patches.sglang.superlinear_backend.codemods"
@@ -21,6 +22,6 @@ PATCH = Patch(
     ),
     summary="--attention-backend superlinear (superlinear attention over the token KV pool, CPU included)",
     runtime_modules=("toolkit.patches.sglang.superlinear_backend.runtime",),
-    not_needed=(">=0.5.11", "SGLang loads the same backend from serving-toolkit's plugin entry point "
+    not_needed=(SGLANG_RELEASES, "SGLang loads the same backend from serving-toolkit's plugin entry point "
                             "(--attention-backend superlinear works without this patch)"),
 )
