@@ -111,14 +111,7 @@ def test_python_into_an_environment_without_this_project_refuses_and_writes_noth
     ours = new_venv(tmp_path / "ours")
     checked([ours, "-m", "pip", "install", "-q", wheel])
     other = new_venv(tmp_path / "engine")
-    # A stand-in engine (the real ones are tested elsewhere): an sglang 0.5.9 distribution's files.
-    site = site_packages(other)
-    (site / "sglang" / "srt").mkdir(parents=True)
-    (site / "sglang" / "__init__.py").write_text("")
-    info = site / "sglang-0.5.9.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.9\n")
-    (info / "RECORD").write_text("")
+    site = _stand_in_sglang(other)
     before = sorted(str(p.relative_to(site)) for p in site.rglob("*"))
     proc = run([ours.parent / "toolkit", "apply-patch", "--python", other, "--json"])
     assert proc.returncode in (1, 2), (proc.returncode, proc.stdout, proc.stderr)
