@@ -153,7 +153,7 @@ def test_what_a_new_user_trips_over_is_never_a_traceback(wheel, tmp_path):
     hang.chmod(0o755)
     cases = [  # (argv, extra environment, cwd, exit codes, words the output must hold)
         ([toolkit, "aply-patch"], {}, "/", (2,), "did you mean apply-patch"),
-        ([toolkit, "status", "--forse"], {}, "/", (2,), "--force"),
+        ([toolkit, "apply-patch", "--forse"], {}, "/", (2,), "did you mean --force"),
         ([toolkit, "bogus"], {}, "/", (2,), "see `toolkit --help`"),
         ([toolkit, "--version", "--json"], {}, "/", (0,), '"schema": 1'),
         ([toolkit, "status", "--python", "engine/bin/python", "--json"], {}, str(tmp_path), (0, 1), '"schema": 1'),
