@@ -49,7 +49,7 @@ from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.version import Version  # noqa: E402
 
 from tests.harness.golden import golden_problems  # noqa: E402
-from toolkit import engine  # noqa: E402
+from toolkit import engine, patch_registry  # noqa: E402
 from toolkit.declare import Patch  # noqa: E402
 from toolkit.errors import PatchError  # noqa: E402
 from toolkit.sources import SourceTree, load_source  # noqa: E402
@@ -124,7 +124,7 @@ def slim_dir(dist: str, version: str) -> Path:
 
 def edited_files(engine_name: str) -> list[str]:
     """Every file any registered patch of ``engine_name`` edits (package-relative)."""
-    return sorted({edit.relpath for p in engine.registry() if p.engine == engine_name for edit in p.files})
+    return sorted({edit.relpath for p in patch_registry.registry() if p.engine == engine_name for edit in p.files})
 
 
 def list_releases(dist: str) -> list[str]:
@@ -246,7 +246,7 @@ def files_digest(tree: SourceTree, patch: Patch) -> str:
 
 def evaluate(tree: SourceTree, patches: list[Patch] | None = None) -> list[Cell]:
     """Every patch of ``tree``'s engine (or ``patches``) on this one release: the matrix's core."""
-    patches = patches if patches is not None else [p for p in engine.registry() if p.engine == tree.engine]
+    patches = patches if patches is not None else [p for p in patch_registry.registry() if p.engine == tree.engine]
     cells = []
     for patch in patches:
         check = engine.check_source(tree, [patch.id])[0]
@@ -301,7 +301,7 @@ def unproved(cells: list[Cell]) -> list[str]:
 def reread(path: Path) -> list[Cell]:
     """The cells of an earlier ``--json`` run, with declared and the test columns computed again (after
     a version range or the tests' parameters changed, no release needs checking again)."""
-    patches = {(p.engine, p.id): p for p in engine.registry()}
+    patches = {(p.engine, p.id): p for p in patch_registry.registry()}
     cells = [Cell(**row) for row in json.loads(path.read_text())["cells"]]
     for cell in cells:
         cell.declared = patches[(cell.engine, cell.patch)].supports(cell.version)

@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Sequence
 
 from toolkit import engine as _engine
+from toolkit import patch_registry
 from toolkit.discovery import InstalledEngine, find_engines, interpreter
 from toolkit.engine import PatchState
 from toolkit.errors import UsageError
@@ -27,7 +28,7 @@ def resolve_engines(
     if engine is not None:
         return [e for e in installed if e.engine == engine]
     if patches:
-        engines_of = {p.engine for p in _engine.registry() if p.id in patches}
+        engines_of = {p.engine for p in patch_registry.registry() if p.id in patches}
         return [e for e in installed if e.engine in engines_of]
     return installed
 
@@ -51,7 +52,7 @@ def wanted_engines(engine: str | None, patches: Sequence[str] | None) -> str:
     if engine is not None:
         names = {engine}
     elif patches:
-        names = {p.engine for p in _engine.registry() if p.id in patches}
+        names = {p.engine for p in patch_registry.registry() if p.id in patches}
     else:
         names = set(ENGINE_NAMES)
     return " or ".join(ENGINE_NAMES.get(name, name) for name in sorted(names, key=list(ENGINE_NAMES).index)) or "vLLM or SGLang"
@@ -92,7 +93,7 @@ def _check_patch_ids(engine: str | None, patches: Sequence[str]) -> None:
     """Every id names a known patch, and one of ``engine``'s when an engine is named: a patch id of
     another engine must never widen the command to all of this engine's patches."""
     engines_of: dict[str, set[str]] = {}
-    for p in _engine.registry():
+    for p in patch_registry.registry():
         engines_of.setdefault(p.id, set()).add(p.engine)
     unknown = sorted(set(patches) - set(engines_of))
     if unknown:
@@ -109,7 +110,7 @@ def ids_for(engine: InstalledEngine, patches: Sequence[str] | None) -> list[str]
     """The ids of ``patches`` that belong to ``engine`` (None: no --patch given, every patch)."""
     if not patches:
         return None
-    return [pid for pid in patches if any(p.id == pid and p.engine == engine.engine for p in _engine.registry())]
+    return [pid for pid in patches if any(p.id == pid and p.engine == engine.engine for p in patch_registry.registry())]
 
 
 def apply_patch(

@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from toolkit import cli_output as out
 from toolkit import engine as _engine
+from toolkit import patch_registry
 from toolkit.api import did_you_mean, ids_for, installed_engines, resolve_engines
 from toolkit.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
@@ -196,7 +197,7 @@ def skipped_patches(installed: InstalledEngine) -> list[dict[str, str]]:
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
-    patches = [p for p in _engine.registry() if args.engine in (None, p.engine)]
+    patches = [p for p in patch_registry.registry() if args.engine in (None, p.engine)]
     if args.json:
         out.emit_json(True, patches=[{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
                                       "files": [f.relpath for f in p.files],
@@ -250,7 +251,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         return 0
     engines = engines or installed_engines(args.engine, None, args.python, python_option=PYTHON_OPTION)
     rows = [row for installed in engines for row in _engine.status(installed)]
-    declared = {(p.engine, p.id): p for p in _engine.registry()}
+    declared = {(p.engine, p.id): p for p in patch_registry.registry()}
     notes = {}
     for row in rows:
         patch = declared.get((row.engine, row.patch_id))

@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit import engine as _engine
-from toolkit import fs
+from toolkit import fs, patch_registry
 from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
 from toolkit.errors import CorruptManifest, PatchError, io_error
+from toolkit.journal import FileChange, read_or_none, write_all_or_nothing
+from toolkit.patch_registry import markers_in
+from toolkit.plan import engine_file
 from toolkit.sources import load_source
 from toolkit.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.version import __version__
@@ -120,7 +123,7 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                 manifest = None
             relpaths = _touched_files(engine, state, manifest)
             release = _Release(engine, fetch)
-            changes: list[_engine.FileChange] = []
+            changes: list[FileChange] = []
             journal = Manifest(__version__, engine.engine, engine.distribution, engine.version, "reverting",
                                _patches_present(engine, manifest, relpaths), {})
             for relpath in sorted(relpaths):
@@ -128,7 +131,7 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                 if want is None:
                     result.unverifiable.append(relpath)
                     continue
-                path = _engine._engine_file(engine, relpath)
+                path = engine_file(engine, relpath)
                 current = sha256_file(path)
                 # every file is recorded, done or not: a repair stopped mid-way must leave `status` seeing
                 # release bytes as "original", not as files the journal does not know
@@ -138,11 +141,11 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                 data, origin = _verified_bytes(state, release, relpath, want)
                 result.restored[relpath] = origin
                 mode = fs.file_mode(path)
-                changes.append(_engine.FileChange(relpath, path, _engine._read_or_none(path), data,
+                changes.append(FileChange(relpath, path, read_or_none(path), data,
                                                   0o644 if mode is None else mode))
             if not changes and old_raw is None and not state.backup_root.exists():
                 return result
-            _engine._write(state, old_raw, journal, None, changes, {})
+            write_all_or_nothing(state, old_raw, journal, None, changes, {})
             result.cleared_state = True
     except OSError as exc:
         raise io_error(exc, "cannot repair") from None
@@ -151,7 +154,7 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
 
 def _touched_files(engine: InstalledEngine, state: StateDir, manifest: Manifest | None) -> set[str]:
     """Files a patch for this engine edits, the manifest names, or a backup exists for."""
-    relpaths = {e.relpath for p in _engine.registry() if p.engine == engine.engine for e in p.files}
+    relpaths = {e.relpath for p in patch_registry.registry() if p.engine == engine.engine for e in p.files}
     relpaths |= set(manifest.files if manifest else ())
     state.refuse_links(state.backup_root)
     if state.backup_root.is_dir():
@@ -166,10 +169,10 @@ def _patches_present(engine: InstalledEngine, manifest: Manifest | None, relpath
     ids = set(manifest.patches if manifest else ())
     for relpath in relpaths:
         try:
-            ids |= _engine.markers_in(fs.read_bytes(_engine._engine_file(engine, relpath)))
+            ids |= markers_in(fs.read_bytes(engine_file(engine, relpath)))
         except OSError:
             continue
-    known = [p.id for p in _engine.registry() if p.engine == engine.engine]
+    known = [p.id for p in patch_registry.registry() if p.engine == engine.engine]
     return [pid for pid in known if pid in ids]
 
 

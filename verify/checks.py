@@ -315,10 +315,10 @@ def missing_patches(target: Target) -> list[str]:
 
 def all_checks() -> list[Check]:
     """The core checks, then each registered patch's own (its ``verify_checks``), in registry order."""
-    from toolkit.engine import registry
+    from toolkit import patch_registry
 
     checks = list(CORE)
-    for patch in registry():
+    for patch in patch_registry.registry():
         checks.extend(check for check in patch.load_verify_checks() if check not in checks)
     return checks
 

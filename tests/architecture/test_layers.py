@@ -14,7 +14,8 @@ from tests.architecture.import_graph import cycles, edges, stray_top_level_impor
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
     ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output")),
     ("verify", ("toolkit.verify",)),
-    ("engine", ("toolkit.api", "toolkit.engine", "toolkit.state", "toolkit.repair", "toolkit.patch_study")),
+    ("engine", ("toolkit.api", "toolkit.engine", "toolkit.check", "toolkit.status", "toolkit.plan", "toolkit.journal",
+                "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study")),
     ("patches", ("toolkit.patches",)),
     ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts",
               "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels")),
@@ -50,7 +51,7 @@ def test_the_graph_sees_the_known_dependencies():
     graph = edges()
     assert "toolkit.codemod" in graph["toolkit.patches.vllm.tito.codemods"]  # a patch builds on the codemod base
     assert "toolkit.patches.vllm.patch_sweep.client" in graph["toolkit.patches.vllm.patch_sweep.check"]
-    assert "toolkit.engine" in graph["toolkit.verify.checks"]  # a lazy import counts too
+    assert "toolkit.patch_registry" in graph["toolkit.verify.checks"]  # a lazy import counts too
 
 
 def test_nothing_imports_the_folders_as_top_level_packages():
@@ -123,7 +124,7 @@ def test_reading_the_patch_declarations_loads_no_codemod():
 
     from tests.architecture.import_graph import REPO
 
-    code = ("import sys; from toolkit import engine; patches = engine.registry(); "
+    code = ("import sys; from toolkit import patch_registry; patches = patch_registry.registry(); "
             "print(len(patches), 'libcst' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     count, libcst_loaded = out.stdout.split()

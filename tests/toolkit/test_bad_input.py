@@ -44,7 +44,7 @@ CORRUPT_MANIFESTS = {
 
 @pytest.fixture(autouse=True)
 def demo_registry(monkeypatch):
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
 
 
 def use_tree(monkeypatch, site: Path) -> None:

@@ -18,7 +18,7 @@ from tests.toolkit import demo_patches
 
 @pytest.fixture(autouse=True)
 def demo_registry(monkeypatch):
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
 
 
 @pytest.fixture(scope="module")

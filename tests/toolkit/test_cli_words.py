@@ -35,7 +35,7 @@ VLLM_ONLY = dataclasses.replace(demo_patches.SECOND, id="vllm-only", engine="vll
 
 @pytest.fixture(autouse=True)
 def registry(monkeypatch):
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND, OLD, BUILTIN, VLLM_ONLY])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND, OLD, BUILTIN, VLLM_ONLY])
     monkeypatch.setenv("COLUMNS", "200")
 
 

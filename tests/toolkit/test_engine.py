@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(autouse=True)
 def demo_registry(monkeypatch):
-    monkeypatch.setattr(engine, "registry", lambda: list(demo_patches.ALL))
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: list(demo_patches.ALL))
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_patch_unknown_to_this_toolkit_is_never_dropped_silently(installed, tree
     original = digests(tree)
     engine.apply(installed, ["demo", "second"])
     patched = digests(tree)
-    monkeypatch.setattr(engine, "registry", lambda: [p for p in demo_patches.ALL if p.id != "demo"])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [p for p in demo_patches.ALL if p.id != "demo"])
     for attempt in (lambda: engine.apply(installed, ["second"]), lambda: engine.revert(installed, ["second"])):
         with pytest.raises(PatchError, match="does not know: demo"):
             attempt()
@@ -234,10 +234,10 @@ def test_failure_between_file_writes_puts_every_file_back_and_raises_patch_error
     def fail_after_first(relpath):
         raise OSError(28, "No space left on device (injected)", str(tree / "sglang" / relpath))
 
-    monkeypatch.setattr(engine, "_after_file_write", fail_after_first)
+    monkeypatch.setattr("toolkit.journal._after_file_write", fail_after_first)
     with pytest.raises(PatchError, match=r"srt/protocol.py: No space left.*ENOSPC.*put back"):
         engine.apply(installed, ["demo"])
-    monkeypatch.setattr(engine, "_after_file_write", None)
+    monkeypatch.setattr("toolkit.journal._after_file_write", None)
     assert digests(tree) == original
     assert states(installed)["demo"] == "not applied"
     assert not (tree / ".toolkit-state/sglang/manifest.json").exists()
@@ -268,11 +268,11 @@ def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_fini
     for finish in (lambda: engine.apply(installed, ["demo"]), lambda: engine.revert(installed)):
         engine.revert(installed)  # start from the originals each time
         full["on"] = False
-        monkeypatch.setattr(engine, "_after_file_write", fail_after_first)
+        monkeypatch.setattr("toolkit.journal._after_file_write", fail_after_first)
         monkeypatch.setattr(fs, "stage", stage)
         with pytest.raises(PatchError, match="putting the files back failed too"):
             engine.apply(installed, ["demo"])
-        monkeypatch.setattr(engine, "_after_file_write", None)
+        monkeypatch.setattr("toolkit.journal._after_file_write", None)
         monkeypatch.setattr(fs, "stage", real_stage)
         assert states(installed)["demo"] == "partial"
         for relpath, text in (("srt/protocol.py", demo_patches.PROTOCOL), ("srt/serving.py", demo_patches.SERVING)):
@@ -287,10 +287,10 @@ def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_fini
 def test_failure_during_revert_puts_the_patched_files_back(installed, tree, monkeypatch):
     engine.apply(installed, ["demo"])
     patched = digests(tree)
-    monkeypatch.setattr(engine, "_after_file_write", lambda relpath: (_ for _ in ()).throw(OSError("injected")))
+    monkeypatch.setattr("toolkit.journal._after_file_write", lambda relpath: (_ for _ in ()).throw(OSError("injected")))
     with pytest.raises(PatchError, match="injected"):
         engine.revert(installed)
-    monkeypatch.setattr(engine, "_after_file_write", None)
+    monkeypatch.setattr("toolkit.journal._after_file_write", None)
     assert digests(tree) == patched
     assert states(installed)["demo"] == "applied"
     engine.revert(installed)
@@ -321,14 +321,14 @@ def test_sigkill_in_the_middle_of_an_apply(installed, tree):
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from toolkit import engine
+        from toolkit import engine, journal, patch_registry
         from toolkit.sources import load_source
         from tests.toolkit import demo_patches
-        engine.registry = lambda: list(demo_patches.ALL)
+        patch_registry.registry = lambda: list(demo_patches.ALL)
         def pause(relpath):
             Path({str(marker)!r}).write_text(relpath)
             time.sleep(60)
-        engine._after_file_write = pause
+        journal._after_file_write = pause
         engine.apply(load_source(Path({str(tree)!r})).as_installed(), ["demo"])
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)

@@ -332,7 +332,7 @@ DEMO_SCENARIOS = [
 
 @pytest.fixture
 def demo_registry(monkeypatch):
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
     return [demo_patches.DEMO, demo_patches.SECOND]
 
 

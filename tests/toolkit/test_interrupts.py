@@ -38,7 +38,7 @@ def test_a_signal_whose_handler_does_not_stop_still_rolls_back(site, monkeypatch
     before = _files(site)
     seen: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
-    monkeypatch.setattr(engine, "_after_file_write", lambda relpath: os.kill(os.getpid(), signal.SIGINT))
+    monkeypatch.setattr("toolkit.journal._after_file_write", lambda relpath: os.kill(os.getpid(), signal.SIGINT))
     try:
         with pytest.raises(PatchError, match="interrupted by SIGINT; every file was put back"):
             engine.apply(load_source(site).as_installed(), ["demo"])
@@ -154,7 +154,7 @@ def test_a_patch_the_engine_does_not_need_is_never_written(site, monkeypatch, ca
     not needed, writes nothing, and never advises --allow-unknown-version; without --patch it is skipped."""
     served = Patch(id="served", engine="sglang", versions=">=0.5.0,<=0.5.10", files=demo_patches.DEMO.files,
                    summary="served by a plugin from 0.5.9", not_needed=(">=0.5.9", "the plugin serves it"))
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, served])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, served])
     before = _files(site)
     installed = load_source(site).as_installed()
     for allow in (False, True):

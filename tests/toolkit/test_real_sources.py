@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import cli, engine
+from toolkit import cli, engine, patch_registry
 from toolkit.errors import PatchError
 from toolkit.sources import load_source
 
@@ -47,7 +47,7 @@ def test_check_source_finds_every_anchor(name, capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["engine"] == TREES[name]
     version = name.rsplit("-", 1)[1]
-    declared = {p.id for p in engine.registry() if p.engine == TREES[name] and p.supports(version)}
+    declared = {p.id for p in patch_registry.registry() if p.engine == TREES[name] and p.supports(version)}
     assert declared, f"no patch declares {name}"
     # By default only the patches that declare this version are checked (e.g. superlinear-backend is
     # for 0.5.9 alone: 0.5.23 has a plugin hook instead); each finds every anchor.
@@ -102,10 +102,10 @@ def test_failure_between_writes_on_real_sources_puts_every_file_back(name, tmp_p
     def fail(relpath):
         raise OSError(5, "Input/output error (injected after the first write)")
 
-    monkeypatch.setattr(engine, "_after_file_write", fail)
+    monkeypatch.setattr("toolkit.journal._after_file_write", fail)
     with pytest.raises(PatchError, match="put back"):
         engine.apply(installed)
-    monkeypatch.setattr(engine, "_after_file_write", None)
+    monkeypatch.setattr("toolkit.journal._after_file_write", None)
     assert _digests(site, relpaths) == original  # the file already replaced was put back
     assert states(installed) == {"not applied"}
     engine.apply(installed)
@@ -141,12 +141,12 @@ def test_sigkill_mid_apply_on_real_sources(tmp_path):
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from toolkit import engine
+        from toolkit import engine, journal
         from toolkit.sources import load_source
         def pause(relpath):
             Path({str(marker)!r}).write_text(relpath)
             time.sleep(900)
-        engine._after_file_write = pause
+        journal._after_file_write = pause
         engine.apply(load_source(Path({str(site)!r})).as_installed())
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)

@@ -21,7 +21,7 @@ from tests.toolkit import demo_patches
 
 @pytest.fixture(autouse=True)
 def demo_registry(monkeypatch):
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
 
 
 @pytest.fixture
@@ -162,7 +162,7 @@ def test_repair_on_a_real_sglang_tree_with_its_real_record(tmp_path, monkeypatch
     from tests.harness.fixtures import ensure_source_tree
 
     real = [PATCH]
-    monkeypatch.setattr(engine, "registry", lambda: real)
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: real)
     source = ensure_source_tree("sglang", "0.5.23")
     site = tmp_path / "site"
     shutil.copytree(next(source.glob("*.dist-info")), site / next(source.glob("*.dist-info")).name)

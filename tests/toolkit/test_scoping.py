@@ -22,7 +22,7 @@ VLLM_ONLY = Patch("vllm-only", "vllm", ">=0,<1", (FileEdit("srt/protocol.py", (d
 
 @pytest.fixture(autouse=True)
 def demo_registry(monkeypatch):
-    monkeypatch.setattr(engine, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND, VLLM_ONLY])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND, VLLM_ONLY])
 
 
 @pytest.fixture
@@ -129,7 +129,7 @@ def test_status_says_when_the_engine_cannot_import_our_runtime(tmp_path, monkeyp
     from toolkit.version import __version__
 
     with_runtime = dataclasses.replace(demo_patches.DEMO, runtime_modules=("demo.runtime",))
-    monkeypatch.setattr(engine, "registry", lambda: [with_runtime])
+    monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [with_runtime])
     site = demo_patches.make_engine_tree(tmp_path / "site")
     installed = load_source(site).as_installed()
     engine.apply(installed, ["demo"])

@@ -1,0 +1,77 @@
+"""``toolkit check --source``: would each patch apply to a source tree or a wheel (the porting tool)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from toolkit.errors import PatchError
+from toolkit.sources import SourceTree
+from toolkit.patch_registry import patches_for
+
+
+@dataclass
+class AnchorCheck:
+    patch_id: str
+    relpath: str
+    transformer: str
+    anchor: str
+    description: str
+    found: int
+    ok: bool
+    problem: str
+
+
+@dataclass
+class SourceCheck:
+    source: SourceTree
+    patch_id: str
+    supported: bool
+    anchors: list[AnchorCheck]
+    errors: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(a.ok for a in self.anchors)
+
+
+def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> list[SourceCheck]:
+    """Per patch and per anchor: would it apply to this source tree?
+
+    By default the patches that declare the tree's version (what ``apply-patch`` would apply); when
+    none does (porting to a new version), every patch for the engine. Named patches are always checked.
+    """
+    from toolkit.transform import run_transformers  # libcst
+
+    results = []
+    candidates = patches_for(source.engine, patch_ids)
+    if not patch_ids and any(p.supports(source.version) for p in candidates):
+        candidates = [p for p in candidates if p.supports(source.version)]
+    for patch in candidates:
+        anchors: list[AnchorCheck] = []
+        errors: list[str] = []
+        for edit in patch.files:
+            data = source.read(edit.relpath)
+            if data is None:
+                errors.append(f"{edit.relpath}: file not found")
+                continue
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                errors.append(f"{edit.relpath}: not UTF-8 text ({exc})")
+                continue
+            try:
+                outcome = run_transformers(patch, edit, text, source.version)
+            except PatchError as exc:
+                errors.append(str(exc))
+                continue
+            for transformer_name, anchor in outcome.anchors:
+                anchors.append(AnchorCheck(patch.id, edit.relpath, transformer_name, anchor.name,
+                                           anchor.description, anchor.count, anchor.ok, anchor.problem))
+            if outcome.ok:
+                try:
+                    compile(outcome.after, edit.relpath, "exec")
+                except SyntaxError as exc:
+                    errors.append(f"{edit.relpath}: patched result does not compile: {exc}")
+        results.append(SourceCheck(source, patch.id, patch.supports(source.version), anchors, errors))
+    return results

@@ -1,0 +1,313 @@
+"""Planning a change: from the manifest, the files' hashes and (only when something changes) the
+codemods, what one apply or revert will write. Making a plan writes nothing (``journal`` does)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from toolkit import fs, patch_registry
+from toolkit.declare import FileEdit, Patch
+from toolkit.discovery import InstalledEngine
+from toolkit.errors import DriftError, PatchError
+from toolkit.state import FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.version import __version__
+from toolkit.journal import FileChange, read_or_none
+from toolkit.patch_registry import markers_in, patches_for, registry_order
+
+
+def engine_file(engine: InstalledEngine, relpath: str) -> Path:
+    return Path(engine.package_dir) / relpath
+
+
+def check_versions(engine: InstalledEngine, patches: Iterable[Patch], allow_unknown_version: bool) -> None:
+    for patch in patches:
+        why = patch.not_needed_on(engine.version)
+        if why:
+            raise PatchError(f"patch {patch.id} is not needed on {engine.distribution} {engine.version}: {why}; "
+                             "nothing was written")
+        if not patch.supports(engine.version) and not allow_unknown_version:
+            raise PatchError(
+                f"patch {patch.id} supports {engine.engine} {patch.versions_text}, "
+                f"but {engine.distribution} {engine.version} is installed at {engine.package_dir}; "
+                "allow unknown versions to try anyway (--allow-unknown-version, allow_unknown_version=True in "
+                "Python; it still fails on any missing anchor)"
+            )
+
+
+def file_state(current: str | None, record: FileRecord) -> str:
+    if current is None:
+        return "missing"
+    if current == record.after:
+        return "patched"
+    if current == record.before:
+        return "original"
+    if current in record.prior:
+        return "midway"
+    return "drifted"
+
+
+def stale_manifest(engine: InstalledEngine, manifest: Manifest) -> bool:
+    return manifest.engine_version != engine.version or manifest.distribution != engine.distribution
+
+
+def _refuse_marked(engine: InstalledEngine, relpath: str, data: bytes, manifest: Manifest | None) -> None:
+    """A file read from the engine as its original must carry no patch's marker: patching it again
+    would double the edit, and backing it up would lose the real original."""
+    ours = {p.id for p in patch_registry.registry() if p.engine == engine.engine}
+    found = sorted(markers_in(data) & ours)
+    if found:
+        why = "there is no toolkit manifest" if manifest is None else "the manifest does not record it"
+        raise PatchError(
+            f"{relpath} already carries the marker of patch {', '.join(found)} but {why}; nothing was "
+            f"written. {RECOVER}"
+        )
+
+
+def _decode(patch: Patch, relpath: str, data: bytes, engine: InstalledEngine) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchError(f"patch {patch.id}: {relpath} is not UTF-8 text ({engine.engine} {engine.version}): {exc}") \
+            from None
+
+
+def _recorded_original(engine: InstalledEngine, state: StateDir, relpath: str, record: FileRecord) -> bytes:
+    """The original bytes of a recorded file: its backup, or, for a file a stopped repair recorded as
+    the release's (no patch, nothing backed up), the file itself once it has those bytes."""
+    if not record.patches and record.before == record.after:
+        data = state.read_backup_or_none(relpath)
+        if data is None or sha256_bytes(data) != record.before:
+            data = read_or_none(engine_file(engine, relpath))
+        if data is not None and sha256_bytes(data) == record.before:
+            return data
+    return state.read_backup(relpath, record.before)
+
+
+def _wanted_contents(
+    engine: InstalledEngine, state: StateDir, manifest: Manifest | None, target: list[Patch], scope: set[str]
+) -> tuple[dict[str, bytes], dict[str, bytes], dict[str, list[str]]]:
+    """Original and wanted bytes of every file in ``scope``, and which patches edit it."""
+    edits_by_file: dict[str, list[tuple[Patch, FileEdit]]] = {}
+    for patch in target:
+        for edit in patch.files:
+            if edit.relpath in scope:
+                edits_by_file.setdefault(edit.relpath, []).append((patch, edit))
+    originals: dict[str, bytes] = {}
+    for relpath in sorted(scope):
+        record = manifest.files.get(relpath) if manifest else None
+        if record is not None:
+            originals[relpath] = _recorded_original(engine, state, relpath, record)
+            continue
+        path = engine_file(engine, relpath)
+        try:
+            originals[relpath] = fs.read_bytes(path)
+        except (FileNotFoundError, NotADirectoryError):
+            owner = edits_by_file[relpath][0][0].id if relpath in edits_by_file else "?"
+            raise PatchError(
+                f"patch {owner}: file {relpath} not found in {engine.package_dir} "
+                f"({engine.engine} {engine.version}); nothing was written"
+            ) from None
+        _refuse_marked(engine, relpath, originals[relpath], manifest)
+    wanted: dict[str, bytes] = {}
+    patch_ids: dict[str, list[str]] = {}
+    for relpath, original in originals.items():
+        ids: list[str] = []
+        text = ""
+        edits = edits_by_file.get(relpath, [])
+        for index, (patch, edit) in enumerate(edits):
+            if not ids:
+                text = _decode(patch, relpath, original, engine)
+            # libcst: only when a file is rewritten
+            from toolkit.guard import backup_relative_to, guard_module
+            from toolkit.transform import transform_or_raise
+
+            finish = None
+            if index == len(edits) - 1:  # last: guard the runtime imports (a patched engine without us starts)
+                backup = backup_relative_to(engine_file(engine, relpath), state.backup_path(relpath))
+                finish = functools.partial(guard_module, engine=engine.engine, backup=backup)
+            text = transform_or_raise(patch, edit, text, engine.version, finish).after
+            ids.append(patch.id)
+        wanted[relpath] = text.encode("utf-8") if ids else original
+        patch_ids[relpath] = ids
+    return originals, wanted, patch_ids
+
+
+def _already_done(engine: InstalledEngine, manifest: Manifest | None, target_ids: list[str]) -> bool:
+    """Nothing to do, decided from hashes alone (no codemod runs, so the lock is held for milliseconds)."""
+    if manifest is None:
+        return not target_ids
+    if manifest.state != "applied" or manifest.patches != target_ids:
+        return False
+    known = [p for p in patch_registry.registry() if p.engine == engine.engine and p.id in set(target_ids)]
+    if len(known) != len(target_ids):
+        return False  # a patch this toolkit does not know: the full path says so in a sentence
+    edited = {edit.relpath for p in known for edit in p.files}
+    if not edited <= set(manifest.files):
+        return False
+    return all(sha256_file(engine_file(engine, r)) == rec.after for r, rec in manifest.files.items())
+
+
+@dataclass
+class Write:
+    """The journaled write of a plan: backups, files, journal, renames, final manifest (``write_all_or_nothing``)."""
+
+    old_raw: bytes | None
+    journal: Manifest
+    final: Manifest | None
+    new_backups: dict[str, bytes]
+    package_dir: Path | None = None  # where the files the new backups back are
+
+
+@dataclass
+class Plan:
+    """What one run will do, decided from the manifest, the files' hashes and (only when something
+    changes) the transforms. Making a plan writes nothing; :func:`carry_out` does it."""
+
+    target_ids: list[str]  # the patches applied afterwards
+    changes: list[FileChange] = field(default_factory=list)
+    write: Write | None = None
+    # state no manifest owns: "stale" (another install's, dropped; failures raise) or "orphans"
+    # (backups a run could not tidy after its commit; dropped if possible)
+    clear_state: str = ""
+    package_dir: str = ""
+
+
+def make_plan(
+    engine: InstalledEngine, state: StateDir, old_raw: bytes | None, manifest: Manifest | None,
+    add: Sequence[str], remove: Sequence[str] | None, force: bool,
+) -> Plan:
+    """The plan for applying ``add`` and reverting ``remove`` (None: all); raises on drift."""
+    reverting = remove is None or bool(remove)
+    if manifest is not None and stale_manifest(engine, manifest):
+        if not (reverting and force):
+            raise DriftError(
+                f"{engine.engine} was reinstalled ({manifest.distribution} {manifest.engine_version} "
+                f"was patched, {engine.distribution} {engine.version} is installed now); run "
+                "`toolkit revert --force` to forget the old patch state",
+                sorted(manifest.files),
+            )
+        return Plan([], clear_state="stale")  # the backups belong to another install: never restore them here
+
+    applied_before = list(manifest.patches) if manifest else []
+    if remove is None:
+        target_ids: list[str] = []
+    else:
+        target_ids = registry_order(engine.engine, (set(applied_before) | set(add)) - set(remove))
+    if manifest is None:
+        _refuse_unrecorded_marks(engine, reverting)
+    if not force and _already_done(engine, manifest, target_ids):
+        return Plan(target_ids, clear_state="orphans" if manifest is None else "", package_dir=engine.package_dir)
+    if manifest is not None and target_ids:
+        _refuse_foreign(engine, target_ids, manifest.toolkit_version)
+    target = patches_for(engine.engine, target_ids) if target_ids else []
+
+    # Which files to look at: those of the patches that change, or every one when a run was
+    # interrupted or nothing changes (a rerun that finishes or re-checks the job).
+    changing = set(target_ids) ^ set(applied_before)
+    every_file = {e.relpath for p in target for e in p.files} | set(manifest.files if manifest else ())
+    if manifest is None or manifest.state != "applied" or not changing:
+        scope = every_file
+    else:
+        scope = {e.relpath for p in patch_registry.registry() if p.engine == engine.engine and p.id in changing for e in p.files}
+        scope = (scope | {r for r, rec in manifest.files.items() if set(rec.patches) & changing}) & every_file
+    originals, wanted, patch_ids = _wanted_contents(engine, state, manifest, target, scope)
+
+    current_sha = {relpath: sha256_file(engine_file(engine, relpath)) for relpath in wanted}
+    _refuse_drift(engine, manifest, originals, current_sha, force, reverting)
+
+    changes = []
+    for relpath, data in sorted(wanted.items()):
+        if current_sha[relpath] != sha256_bytes(data):
+            path = engine_file(engine, relpath)
+            current = read_or_none(path)
+            mode = fs.file_mode(path) if current is not None else None
+            changes.append(FileChange(relpath, path, current, data, FILE_MODE if mode is None else mode))
+
+    # the manifest afterwards: files outside the scope keep their records as they are
+    final_files = {r: rec for r, rec in (manifest.files.items() if manifest else ()) if r not in scope}
+    for relpath in scope:
+        if patch_ids[relpath]:
+            final_files[relpath] = FileRecord(sha256_bytes(originals[relpath]), sha256_bytes(wanted[relpath]),
+                                              patch_ids[relpath])
+    final = None
+    if target_ids:
+        final = Manifest(__version__, engine.engine, engine.distribution, engine.version, "applied", target_ids,
+                         final_files)
+    if not changes and _same_manifest(manifest, final):
+        return Plan(target_ids, changes)
+
+    # While writing, every patch that is or was applied counts as (partly) applied, so that `status`
+    # after a crash says "partial" for each, never "not applied".
+    journal = Manifest(__version__, engine.engine, engine.distribution, engine.version,
+                       "reverting" if reverting else "applying",
+                       registry_order(engine.engine, set(target_ids) | set(applied_before)), dict(final_files))
+    for relpath in scope:
+        old = manifest.files.get(relpath) if manifest else None
+        after = sha256_bytes(wanted[relpath])
+        prior = sorted(({old.after, *old.prior} if old else set()) - {after})
+        journal.files[relpath] = FileRecord(sha256_bytes(originals[relpath]), after, patch_ids[relpath], prior)
+    new_backups = {r: originals[r] for r in scope if patch_ids[r] and not (manifest and r in manifest.files)}
+    return Plan(target_ids, changes, Write(old_raw, journal, final, new_backups, Path(engine.package_dir)))
+
+
+def _refuse_unrecorded_marks(engine: InstalledEngine, reverting: bool) -> None:
+    """Patched files with no manifest: their originals are known only to the backups, which are
+    never dropped (or trusted) without one. Say so and stop, whatever was asked."""
+    ours = {p.id for p in patch_registry.registry() if p.engine == engine.engine}
+    marked: dict[str, set[str]] = {}
+    for relpath in sorted({e.relpath for p in patch_registry.registry() if p.engine == engine.engine for e in p.files}):
+        try:
+            found = markers_in(fs.read_bytes(engine_file(engine, relpath))) & ours
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            continue
+        if found:
+            marked[relpath] = found
+    if marked:
+        ids = sorted(set().union(*marked.values()))
+        verb = "revert them" if reverting else "patch them again"
+        raise PatchError(
+            f"{engine.engine} {engine.version}: {', '.join(marked)} carry the marker of patch {', '.join(ids)} but "
+            f"the toolkit manifest is missing, so toolkit cannot {verb} safely; nothing was changed and the backups "
+            f"are kept. {RECOVER}")
+
+
+def _refuse_drift(engine: InstalledEngine, manifest: Manifest | None, originals: dict[str, bytes],
+                  current_sha: dict[str, str | None], force: bool, reverting: bool) -> None:
+    """Files changed since patched are left alone unless forced."""
+    drifted = []
+    for relpath, current in current_sha.items():
+        record = manifest.files.get(relpath) if manifest else None
+        if record is not None and file_state(current, record) in ("drifted", "missing"):
+            drifted.append(relpath)
+        elif record is None and current != sha256_bytes(originals[relpath]):
+            drifted.append(relpath)  # cannot happen for a file read just now, unless racing
+    if drifted and not force:
+        verb = "revert" if reverting else "apply-patch"
+        raise DriftError(
+            f"{engine.engine} {engine.version}: changed since patched (left alone; `toolkit {verb} --force` "
+            f"overwrites them): {', '.join(sorted(drifted))}",
+            sorted(drifted),
+        )
+
+
+def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
+    if manifest is None or final is None:
+        return manifest is final
+    final.updated_at = manifest.updated_at
+    return manifest.to_json() == final.to_json()
+
+
+def _refuse_foreign(engine: InstalledEngine, applied: Sequence[str], by_version: str) -> None:
+    """A patch applied by another toolkit (or one since removed from this one) can be neither kept nor
+    re-derived here; dropping it silently would revert it behind the user's back."""
+    known = {p.id for p in patch_registry.registry() if p.engine == engine.engine}
+    foreign = [pid for pid in applied if pid not in known]
+    if foreign:
+        raise PatchError(
+            f"{engine.engine} {engine.version} has patches applied that this toolkit {__version__} does "
+            f"not know: {', '.join(foreign)} (applied by toolkit {by_version}); run `toolkit revert` "
+            "first, which restores the originals"
+        )

@@ -1,0 +1,168 @@
+"""``toolkit status``: each patch's state from hashes alone (no codemod runs, no lock taken)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from toolkit import fs
+from toolkit.declare import Patch
+from toolkit.discovery import InstalledEngine
+from toolkit.errors import CorruptManifest, PatchError
+from toolkit.state import RECOVER, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.version import __version__
+from toolkit.patch_registry import markers_in, patches_for
+from toolkit.plan import engine_file, file_state, stale_manifest
+
+
+class PatchStateName(str, Enum):
+    """A patch's state in ``status``; its value is what the CLI and ``--json`` show."""
+
+    NOT_APPLIED = "not applied"
+    APPLIED = "applied"
+    PARTIAL = "partial"  # an apply or revert was interrupted
+    DRIFTED = "drifted"
+    IN_PROGRESS = "in progress"  # another run holds the lock: its files are in flight, not broken
+    # Patched, but the engine's interpreter cannot import this project's runtime at this version (it
+    # was uninstalled or upgraded without a revert): the engine runs the release's files, with a warning.
+    RUNTIME_MISSING = "runtime missing"
+    NO_MANIFEST = "patched, no manifest"  # the files carry the patch's marker; the manifest is gone or unreadable
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+NOT_APPLIED = PatchStateName.NOT_APPLIED
+
+
+APPLIED = PatchStateName.APPLIED
+
+
+PARTIAL = PatchStateName.PARTIAL
+
+
+DRIFTED = PatchStateName.DRIFTED
+
+
+IN_PROGRESS = PatchStateName.IN_PROGRESS
+
+
+RUNTIME_MISSING = PatchStateName.RUNTIME_MISSING
+
+
+NO_MANIFEST = PatchStateName.NO_MANIFEST
+
+
+@dataclass
+class PatchState:
+    engine: str
+    distribution: str
+    engine_version: str
+    patch_id: str
+    state: PatchStateName
+    supported: bool
+    files: dict[str, str]  # relpath -> "patched" / "original" / "drifted" / "missing"
+    detail: str = ""
+
+
+def status(engine: InstalledEngine) -> list[PatchState]:
+    """Hash-only state of every patch for ``engine``: no parsing of sources, no lock taken.
+
+    Without a readable manifest, the files speak for themselves: a patch whose files carry its
+    marker is reported as ``patched, no manifest``."""
+    state_dir = StateDir(engine.site_dir, engine.engine)
+    holder = state_dir.holder()
+    problem = ""
+    try:
+        manifest = state_dir.read_manifest()
+    except CorruptManifest as exc:
+        manifest, problem = None, str(exc)
+    stale = manifest is not None and stale_manifest(engine, manifest)
+    rows = []
+    for patch in patches_for(engine.engine):
+        files: dict[str, str] = {}
+        detail = ""
+        if manifest is None:
+            state, detail, files = _state_from_markers(engine, patch, problem)
+        elif patch.id not in manifest.patches:
+            state = NOT_APPLIED
+        elif stale:
+            state = DRIFTED
+            detail = f"patched as {manifest.distribution} {manifest.engine_version}; engine reinstalled since"
+        else:
+            for edit in patch.files:
+                record = manifest.files.get(edit.relpath)
+                current = sha256_file(engine_file(engine, edit.relpath))
+                files[edit.relpath] = file_state(current, record) if record else "unrecorded"
+            values = set(files.values())
+            if manifest.state == "applied" and values == {"patched"}:
+                state = APPLIED
+            elif manifest.state == "applied" and values == {"original"}:
+                state = DRIFTED
+                detail = ("its files are the release's originals again (engine reinstalled?); `toolkit apply-patch` "
+                          "patches them again, `toolkit revert` forgets the state")
+            elif manifest.state == "applied" or values & {"drifted", "missing", "unrecorded"}:
+                state = DRIFTED
+                detail = "changed since patched: " + ", ".join(r for r, s in files.items() if s != "patched")
+            else:
+                state = PARTIAL
+                verb = "an apply" if manifest.state == "applying" else "a revert"
+                detail = f"{verb} was interrupted; run apply-patch or revert to finish"
+        if manifest is not None and not stale and state in (APPLIED, PARTIAL):
+            lost = _unusable_backups(state_dir, manifest, [e.relpath for e in patch.files])
+            if lost:
+                state = DRIFTED
+                detail = f"the backup of {', '.join(lost)} is missing or altered, so revert cannot restore it; {RECOVER}"
+        if holder is not None and state not in (APPLIED, NOT_APPLIED):
+            state, detail = IN_PROGRESS, f"in progress (pid {holder})"
+        if state == APPLIED and patch.runtime_modules and engine.toolkit_version not in (None, __version__):
+            state = RUNTIME_MISSING
+            fix = (f"`{engine.python} -m pip install 'serving-toolkit=={__version__}'` there, or "
+                   f"`toolkit revert {engine.engine} --python {engine.python}`")
+            if engine.toolkit_version:
+                detail = (f"{engine.python} has serving-toolkit {engine.toolkit_version}, but the patched files were "
+                          f"written for {__version__}'s runtime; {fix}")
+            else:
+                detail = (f"{engine.python} has no serving-toolkit importable: the patched files run as the release "
+                          f"wrote them (the patches are off, with a warning at start-up); {fix}")
+        rows.append(
+            PatchState(engine.engine, engine.distribution, engine.version, patch.id, state,
+                       patch.supports(engine.version), files, detail)
+        )
+    return rows
+
+
+def _unusable_backups(state_dir: StateDir, manifest: Manifest, relpaths: list[str]) -> list[str]:
+    lost = []
+    for relpath in relpaths:
+        record = manifest.files.get(relpath)
+        if record is None:
+            continue
+        try:
+            data = state_dir.read_backup_or_none(relpath)
+        except (OSError, PatchError):
+            data = None
+        if data is None or sha256_bytes(data) != record.before:
+            lost.append(relpath)
+    return lost
+
+
+def _state_from_markers(engine: InstalledEngine, patch: Patch, problem: str) -> tuple[PatchStateName, str, dict[str, str]]:
+    files = {}
+    for edit in patch.files:
+        try:
+            data = fs.read_bytes(engine_file(engine, edit.relpath))
+        except OSError:
+            files[edit.relpath] = "missing"
+            continue
+        files[edit.relpath] = "patched" if patch.id in markers_in(data) else "original"
+    marked = [r for r, s in files.items() if s == "patched"]
+    if not marked:
+        return NOT_APPLIED, problem, files
+    why = problem or "the toolkit manifest is missing"
+    if len(marked) == len(files):
+        return NO_MANIFEST, f"its files carry its marker but {why}; {RECOVER}", files
+    return PARTIAL, f"some of its files carry its marker but {why}; {RECOVER}", files
