@@ -23,7 +23,8 @@ from toolkit.journal import FileChange, clear_orphans, write_all_or_nothing
 from toolkit.patch_registry import markers_in, patches_for  # noqa: F401
 from toolkit.plan import Plan, check_versions, engine_file, make_plan, stale_manifest
 from toolkit.state import Manifest, StateDir
-from toolkit.status import PatchState, PatchStateName, status  # noqa: F401
+from toolkit.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
+                            RUNTIME_MISSING, PatchState, PatchStateName, status)
 from toolkit.version import __version__
 
 DEFAULT_LOCK_TIMEOUT = 60.0
