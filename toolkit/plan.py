@@ -186,7 +186,7 @@ def make_plan(
             raise DriftError(
                 f"{engine.engine} was reinstalled ({manifest.distribution} {manifest.engine_version} "
                 f"was patched, {engine.distribution} {engine.version} is installed now); run "
-                "`toolkit revert --force` to forget the old patch state",
+                "`toolkit revert --force` (revert_patch(force=True) in Python) to forget the old patch state",
                 sorted(manifest.files),
             )
         return Plan([], clear_state="stale")  # the backups belong to another install: never restore them here
@@ -287,8 +287,9 @@ def _refuse_drift(engine: InstalledEngine, manifest: Manifest | None, originals:
     if drifted and not force:
         verb = "revert" if reverting else "apply-patch"
         raise DriftError(
-            f"{engine.engine} {engine.version}: changed since patched (left alone; `toolkit {verb} --force` "
-            f"overwrites them): {', '.join(sorted(drifted))}",
+            f"{engine.engine} {engine.version}: changed since patched (left alone; `toolkit {verb} --force`, "
+            f"{'revert_patch' if reverting else 'apply_patch'}(force=True) in Python, overwrites them): "
+            f"{', '.join(sorted(drifted))}",
             sorted(drifted),
         )
 

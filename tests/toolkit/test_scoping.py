@@ -83,9 +83,9 @@ def test_drift_messages_name_flags_that_exist(site, capsys):
     serving.write_text(serving.read_text() + "# hand edit\n")
     installed = load_source(site).as_installed()
     (site / ".toolkit-state/sglang/manifest.json").read_text()
-    with pytest.raises(DriftError, match="`toolkit apply-patch --force`"):
+    with pytest.raises(DriftError, match=r"`toolkit apply-patch --force`, apply_patch\(force=True\) in Python"):
         engine.apply(installed, ["demo", "second"])
-    with pytest.raises(DriftError, match="`toolkit revert --force`"):
+    with pytest.raises(DriftError, match=r"`toolkit revert --force`, revert_patch\(force=True\) in Python"):
         engine.revert(installed)
     code, _, _ = run(capsys, "apply-patch", "--patch", "second", "--force")
     assert code == 0 and states(site) == {"demo": "applied", "second": "applied"}
