@@ -14,3 +14,11 @@ else:
     settings.register_profile("toolkit", deadline=None,
                               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     settings.load_profile("toolkit")
+
+# Tests deliver SIGINT (Ctrl-C) to toolkit processes. A run started as a background job of a
+# non-interactive shell inherits SIGINT ignored, and so would every process it starts: give this one
+# Python's own handler (forked children keep it, exec'd ones start with the default again).
+import signal as _signal
+
+if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
