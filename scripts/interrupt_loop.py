@@ -116,6 +116,7 @@ class Loop:
         self.endings[f"{args[0]}: SIGINT {'sent' if sent else 'too late (it had finished)'}"] += 1
         if "Traceback" in err:
             raise AssertionError(f"toolkit {' '.join(args)} printed a traceback: {err[-800:]}")
+        self.last_error = err.strip()[-400:]
         return proc.returncode
 
     def temps(self) -> list[Path]:
@@ -153,12 +154,12 @@ class Loop:
 
     def rename_race(self, rng: random.Random) -> None:
         code = self.interrupted(["apply-patch", "--patch", self.patch_id], self.delay(rng), True)
-        assert code in (0, 130, -2), f"apply-patch exit {code}"
+        assert code in (0, 130, -2), f"apply-patch exit {code}: {self.last_error}"
         ended = self.check_whole("apply-patch interrupted")
         self.endings[f"apply-patch exit {code}: {ended}"] += 1
         if ended == "applied":
             code = self.interrupted(["revert"], self.delay(rng), True)
-            assert code in (0, 130, -2), f"revert exit {code}"
+            assert code in (0, 130, -2), f"revert exit {code}: {self.last_error}"
             ended = self.check_whole("revert interrupted")
             self.endings[f"revert exit {code}: {ended}"] += 1
             if ended == "applied":
@@ -172,7 +173,7 @@ class Loop:
         # from 100 ms: before that the interpreter itself is starting (site's .pth files, e.g. an editable
         # install's finder), where Python prints its own traceback for Ctrl-C whatever the program
         code = self.interrupted(["revert"], rng.uniform(0.1, 0.5), False)
-        assert code in (1, 130, -2), f"revert after a lost manifest exit {code}"
+        assert code in (1, 130, -2), f"revert after a lost manifest exit {code}: {self.last_error}"
         assert self.digests() == self.patched and self.backups() == backups == self.release, \
             "revert after a lost manifest changed a file or a backup"
         rows = {row["patch_id"]: row["state"] for row in self.status(expect=1)}
