@@ -336,3 +336,16 @@ def test_verify_with_a_model_that_is_not_one_is_a_usage_error(model, words, monk
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert cli.main(["verify", "--model", model, "--url", "http://127.0.0.1:9"]) == 2
     assert words in one_line(capsys.readouterr().err)
+
+
+def test_ctrl_c_while_python_shuts_down_after_the_command_prints_nothing():
+    """A Ctrl-C that lands after the command finished, while the interpreter shuts down, printed
+    "Exception ignored in: <module 'threading'> ... KeyboardInterrupt" (scripts/interrupt_loop.py found
+    it); now the process ends at once with 130. The signal comes from an atexit callback, the last
+    moment of shutdown a test can reach."""
+    script = ("import atexit, os, signal, sys; "
+              "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT)); "
+              "sys.argv = ['toolkit', '--version']; from toolkit.__main__ import run; run()")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 130 and proc.stderr == "", (proc.returncode, proc.stderr)
+    assert proc.stdout.startswith("toolkit ")
