@@ -2,6 +2,13 @@
 
 Kept light on purpose: a Ctrl-C while rich and the command line load, or a reader that closes the pipe
 (``toolkit status --json | head -1``), ends in one word or in silence, never in a traceback.
+
+Ctrl-C ends a command at once ("interrupted", exit 130) instead of raising ``KeyboardInterrupt``
+wherever Python happens to be: raised inside an import or a weakref callback, that exception is only
+reported ("Exception ignored in ...") and the command goes on. Nothing is lost by ending at once: the
+patch engine holds signals while it writes (``toolkit.interrupts``), puts every file back, then hands
+the signal on to this handler. ``verify`` keeps ``KeyboardInterrupt`` until it is done, so that it
+stops the server it started.
 """
 
 from __future__ import annotations
@@ -11,6 +18,9 @@ import sys
 
 def run() -> None:
     """Run the command line and exit with its code: 130 on Ctrl-C, 141 when stdout closes early."""
+    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), "")
+    if command != "verify":
+        _ctrl_c_ends_at_once()
     try:
         from toolkit.cli import main
 
@@ -24,28 +34,42 @@ def run() -> None:
 
         silence_stdout()
         code = 141
-    finally:  # also after argparse's own exits (--help, --version, a usage error)
+    finally:  # also after argparse's own exits (--help, --version, a usage error), and for verify
         _ctrl_c_ends_at_once()
     sys.exit(code)
 
 
-def _ctrl_c_ends_at_once() -> None:
-    """The command is done: a Ctrl-C while Python shuts down (threading's shutdown, atexit) would print
-    "Exception ignored in ... KeyboardInterrupt". End at once instead, with Ctrl-C's exit code."""
-    import os
-    import signal
-
-    def stop(signum: int, frame: object) -> None:
-        os._exit(130)
-
-    for stream in (sys.stdout, sys.stderr):  # what the command printed is out before any such end
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):  # what the command printed is out before an abrupt end
         try:
             stream.flush()
         except (OSError, ValueError, AttributeError):  # a closed pipe or stream: nothing more to say there
             pass
+
+
+def _stop(signum: int, frame: object) -> None:
+    import os
+
+    _flush()
     try:
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            signal.signal(signal.SIGINT, stop)
+        if sys.stdout.isatty():
+            sys.stdout.write("\x1b[?25h")  # a spinner may have hidden the cursor
+            sys.stdout.flush()
+        sys.stderr.write("interrupted\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    os._exit(130)
+
+
+def _ctrl_c_ends_at_once() -> None:
+    """From now on Ctrl-C ends the process with 130 and one word (unless SIGINT is ignored)."""
+    import signal
+
+    _flush()
+    try:
+        if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _stop):
+            signal.signal(signal.SIGINT, _stop)
     except ValueError:  # not the main thread
         pass
 

@@ -341,11 +341,28 @@ def test_verify_with_a_model_that_is_not_one_is_a_usage_error(model, words, monk
 def test_ctrl_c_while_python_shuts_down_after_the_command_prints_nothing():
     """A Ctrl-C that lands after the command finished, while the interpreter shuts down, printed
     "Exception ignored in: <module 'threading'> ... KeyboardInterrupt" (scripts/interrupt_loop.py found
-    it); now the process ends at once with 130. The signal comes from an atexit callback, the last
-    moment of shutdown a test can reach."""
+    it); now the process ends at once with 130 and one word. The signal comes from an atexit callback,
+    the last moment of shutdown a test can reach."""
     script = ("import atexit, os, signal, sys; "
               "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT)); "
               "sys.argv = ['toolkit', '--version']; from toolkit.__main__ import run; run()")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert proc.returncode == 130 and proc.stderr == "", (proc.returncode, proc.stderr)
+    assert proc.returncode == 130 and proc.stderr == "interrupted\n", (proc.returncode, proc.stderr)
     assert proc.stdout.startswith("toolkit ")
+
+
+def test_ctrl_c_inside_an_import_ends_the_command_instead_of_being_swallowed():
+    """KeyboardInterrupt raised in a weakref callback of the import machinery was only reported
+    ("Exception ignored in: <function _get_module_lock.<locals>.cb>") and the command went on to its end
+    (scripts/interrupt_loop.py found it). A SIGINT sent from a finalizer during an import now ends the
+    process at once, 130, "interrupted", before the command runs."""
+    hook = ("import os, signal, sys\n"
+            "class Collected:\n"  # Python only reports what a finalizer raises, as in that callback
+            "    def __del__(self): os.kill(os.getpid(), signal.SIGINT)\n"
+            "class Finder:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'rich': Collected()\n"
+            "sys.meta_path.insert(0, Finder())\n")
+    script = hook + "sys.argv = ['toolkit', 'list', '--json']\nfrom toolkit.__main__ import run\nrun()\n"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", ""), (proc.returncode, proc.stderr)
