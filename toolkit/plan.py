@@ -25,7 +25,7 @@ def engine_file(engine: InstalledEngine, relpath: str) -> Path:
 def check_versions(engine: InstalledEngine, patches: Iterable[Patch], allow_unknown_version: bool) -> None:
     for patch in patches:
         why = patch.not_needed_on(engine.version)
-        if why:
+        if why and not allow_unknown_version:  # with it, "try anyway" (the compatibility matrix does)
             raise PatchError(f"patch {patch.id} is not needed on {engine.distribution} {engine.version}: {why}; "
                              "nothing was written")
         if not patch.supports(engine.version) and not allow_unknown_version:

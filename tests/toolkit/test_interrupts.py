@@ -151,19 +151,26 @@ def test_repair_with_a_cache_folder_of_an_unknown_user(monkeypatch):
 
 def test_a_patch_the_engine_does_not_need_is_never_written(site, monkeypatch, capsys):
     """A release that serves the feature itself (a plugin entry point): naming the patch says why it is
-    not needed, writes nothing, and never advises --allow-unknown-version; without --patch it is skipped."""
+    not needed, writes nothing, and never advises --allow-unknown-version; without --patch it is skipped;
+    named with allow_unknown_version it is tried, as any patch outside its range."""
     served = Patch(id="served", engine="sglang", versions=">=0.5.0,<=0.5.10", files=demo_patches.DEMO.files,
                    summary="served by a plugin from 0.5.9", not_needed=(">=0.5.9", "the plugin serves it"))
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, served])
     before = _files(site)
     installed = load_source(site).as_installed()
-    for allow in (False, True):
-        with pytest.raises(PatchError) as raised:
-            engine.apply(installed, ["served"], allow_unknown_version=allow)
-        assert "not needed on sglang 0.5.9: the plugin serves it" in str(raised.value)
-        assert "allow" not in str(raised.value)
+    with pytest.raises(PatchError) as raised:
+        engine.apply(installed, ["served"])
+    assert "not needed on sglang 0.5.9: the plugin serves it" in str(raised.value)
+    assert "allow" not in str(raised.value)
     assert _files(site) == before
+    # every patch, even with allow_unknown_version: the unneeded one is left out
     assert engine.apply(installed, allow_unknown_version=True).patches == ["demo"]
+    engine.revert(installed)
+    # named and "try anyway": it is tried (the compatibility matrix checks its anchors on every release)
+    assert engine.apply(installed, ["served"], allow_unknown_version=True).patches == ["served"]
+    engine.revert(installed)
+    engine.apply(installed, ["demo"])
+    capsys.readouterr()
     assert cli.main(["status", "--json"]) == 0
     rows = {r["patch_id"]: r for r in json.loads(capsys.readouterr().out)["patches"]}
     assert rows["served"]["state"] == "not applied" and rows["demo"]["state"] == "applied"
