@@ -15,8 +15,9 @@ the cached source tree, scripts/fetch_sources.py) and this checkout's toolkit, t
   manifest"; ``toolkit repair`` then restores the release from the backups.
 
 Exit -2 (killed by SIGINT) is a signal that landed while the interpreter was starting or already shutting
-down (Python gives SIGINT back its default action there); a traceback from ``<frozen site>`` is one that
-landed in Python's own start-up (a .pth file), before any toolkit code. Both are counted apart, and the
+down (Python gives SIGINT back its default action there); a traceback with no frame of the command line
+(``toolkit/__main__.py``, ``toolkit/cli*``) is one that landed in start-up (Python's own, a .pth file,
+or the import of the toolkit package) before ``run()`` gives SIGINT its handler. Both are counted apart, and the
 files must be whole all the same.
 
 Prints one line per kind of ending and exits 1 on the first run that breaks a rule.
@@ -116,10 +117,11 @@ class Loop:
             proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         self.endings[f"{args[0]}: SIGINT {'sent' if sent else 'too late (it had finished)'}"] += 1
-        if "Traceback" in err and 'File "<frozen site>"' in err:
-            # Python's own start-up (site-packages' .pth files), before any toolkit code: Python prints that
-            # traceback whatever the program; counted apart, and the files must be whole all the same
-            self.endings[f"{args[0]}: SIGINT during Python's start-up (site), before toolkit ran"] += 1
+        if "Traceback" in err and 'toolkit/__main__.py' not in err and 'toolkit/cli' not in err:
+            # Python's own start-up (site-packages' .pth files, runpy) or the import of the toolkit package
+            # itself, before `run()` gives SIGINT its handler: Python prints that traceback; counted apart,
+            # and the files must be whole all the same
+            self.endings[f"{args[0]}: SIGINT in start-up, before the command line's handler"] += 1
         elif "Traceback" in err:
             raise AssertionError(f"toolkit {' '.join(args)} printed a traceback: {err[-800:]}")
         self.last_error = err.strip()[-400:]

@@ -7,7 +7,7 @@ modules in every process, so the public API below loads on first use.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # not typing's: the command line starts here, and a Ctrl-C before its handler is a traceback
 
 from toolkit.lazy import lazy_attributes
 from toolkit.version import __version__

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Mapping
+
+TYPE_CHECKING = False  # typing loads only for type checkers: the command line's start-up passes here
+if TYPE_CHECKING:
+    from typing import Any, Callable, Mapping
 
 
 def lazy_attributes(module_name: str, where: Mapping[str, str], namespace: dict[str, Any]) -> Callable[[str], Any]:
