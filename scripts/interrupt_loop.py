@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -71,6 +72,15 @@ def build_site(release: str, patch_id: str, work: Path) -> tuple[str, Path, list
     ours = [p for p in site_module.getsitepackages() if Path(p).is_dir()]
     (site / "toolkit-dev.pth").write_text("".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
     return str(venv / "bin" / "python"), site / package, relpaths
+
+
+def _in_start_up(err: str) -> bool:
+    """A traceback whose toolkit frames are all start-up: the package's __init__ (and what it imports)
+    and __main__ before its handler is in place; none of the command line itself."""
+    frames = re.findall(r'File "[^"]*/toolkit/([\w/.]+)", line \d+, in (\S+)', err)
+    start = {"__init__.py", "lazy.py", "version.py"}
+    return all(path in start or (path == "__main__.py" and func in ("<module>", "run", "_ctrl_c_ends_at_once"))
+               for path, func in frames) and not any(path.startswith("cli") for path, _ in frames)
 
 
 class Loop:
@@ -117,7 +127,7 @@ class Loop:
             proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
         self.endings[f"{args[0]}: SIGINT {'sent' if sent else 'too late (it had finished)'}"] += 1
-        if "Traceback" in err and 'toolkit/__main__.py' not in err and 'toolkit/cli' not in err:
+        if "Traceback" in err and _in_start_up(err):
             # Python's own start-up (site-packages' .pth files, runpy) or the import of the toolkit package
             # itself, before `run()` gives SIGINT its handler: Python prints that traceback; counted apart,
             # and the files must be whole all the same

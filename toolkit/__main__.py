@@ -64,12 +64,12 @@ def _stop(signum: int, frame: object) -> None:
 
 def _ctrl_c_ends_at_once() -> None:
     """From now on Ctrl-C ends the process with 130 and one word (unless SIGINT is ignored)."""
-    import signal
+    import _signal  # the C module: ``signal`` builds its enums in Python first, time a Ctrl-C can land in
 
     _flush()
     try:
-        if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _stop):
-            signal.signal(signal.SIGINT, _stop)
+        if _signal.getsignal(_signal.SIGINT) in (_signal.default_int_handler, _stop):
+            _signal.signal(_signal.SIGINT, _stop)
     except ValueError:  # not the main thread
         pass
 

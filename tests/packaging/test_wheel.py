@@ -181,4 +181,5 @@ def test_what_a_new_user_trips_over_is_never_a_traceback(wheel, tmp_path):
         time.sleep(delay)
         child.send_signal(signal.SIGINT)
         out, err = child.communicate(timeout=60)
-        assert "Traceback" not in err and child.returncode in (0, 130), (delay, child.returncode, err)
+        # -2: ended by the signal itself, in the interpreter's own start or shutdown, saying nothing
+        assert "Traceback" not in err and child.returncode in (0, 130, -2), (delay, child.returncode, err)
