@@ -146,12 +146,8 @@ def clear_orphans(state: StateDir, package_dir: Path) -> None:
     so a backup that may be the only copy of an original is never lost."""
     if not fs.is_dir(state.backup_root):
         return
-    state.refuse_links(state.backup_root)
-    for path in sorted(state.backup_root.rglob("*")):
-        relpath = str(path.relative_to(state.backup_root))
-        if fs.is_dir(path) or relpath.endswith(fs.TEMP_SUFFIX):
-            continue
-        if read_or_none(package_dir / relpath) == read_or_none(path):
+    for relpath in state.backup_relpaths():
+        if read_or_none(package_dir / relpath) == read_or_none(state.backup_path(relpath)):
             state.remove_backup(relpath)
     for directory in sorted((p for p in state.backup_root.rglob("*") if fs.is_dir(p)), reverse=True):
         with contextlib.suppress(OSError):

@@ -156,11 +156,7 @@ def _touched_files(engine: InstalledEngine, state: StateDir, manifest: Manifest 
     """Files a patch for this engine edits, the manifest names, or a backup exists for."""
     relpaths = {e.relpath for p in patch_registry.registry() if p.engine == engine.engine for e in p.files}
     relpaths |= set(manifest.files if manifest else ())
-    state.refuse_links(state.backup_root)
-    if state.backup_root.is_dir():
-        for path in state.backup_root.rglob("*"):
-            if path.is_file() and not path.name.endswith(fs.TEMP_SUFFIX):
-                relpaths.add(str(path.relative_to(state.backup_root)))
+    relpaths |= set(state.backup_relpaths())
     return relpaths
 
 

@@ -283,6 +283,14 @@ class StateDir:
         self.refuse_links(path)
         fs.atomic_write(path, data, FILE_MODE)
 
+    def backup_relpaths(self) -> list[str]:
+        """The files under ``backups/`` (a run's temp files aside), as paths inside the engine package."""
+        self.refuse_links(self.backup_root)
+        if not fs.is_dir(self.backup_root):
+            return []
+        return sorted(str(path.relative_to(self.backup_root)) for path in self.backup_root.rglob("*")
+                      if path.is_file() and not path.name.endswith(fs.TEMP_SUFFIX))
+
     def remove_backup(self, relpath: str) -> None:
         """Remove one backup, then its folders up to ``backups/`` as they become empty."""
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
