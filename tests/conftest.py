@@ -22,3 +22,18 @@ import signal as _signal
 
 if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
+
+import sys as _sys
+
+import pytest as _pytest
+
+
+@_pytest.fixture(autouse=True)
+def _codemod_results_per_test():
+    """The patch engine remembers codemod results in-process (toolkit/transform.py); each test starts
+    with none, so a test that changes a transformer in place never sees another test's results."""
+    transform = _sys.modules.get("toolkit.transform")
+    if transform is not None:
+        transform.forget()
+    yield

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Hashable
 
 import libcst as cst
 from packaging.version import InvalidVersion
@@ -30,10 +33,55 @@ class FileTransform:
 Finish = Callable[[cst.Module], cst.Module]
 
 
+# The last results, by everything a result depends on (the transformer classes themselves, not their
+# names, so a module loaded again is a new key). A process that plans the same file again (an apply
+# over a patch, a revert that keeps one, `check` then `apply`, the release matrix over releases that
+# share a file) runs libcst once: parse, visits and code generation are seconds on a large file.
+_MEMO: OrderedDict[Hashable, FileTransform] = OrderedDict()
+_COMPILED: set[Hashable] = set()  # keys whose result compiled
+MEMO_SIZE = 48
+
+
+def forget() -> None:
+    """Drop every remembered result (tests that change a transformer's behaviour in place call it)."""
+    _MEMO.clear()
+    _COMPILED.clear()
+
+
+def _memo_key(patch: Patch, edit: FileEdit, source: str, engine_version: str, finish: Finish | None) -> Hashable:
+    if finish is None:
+        finishing: Hashable = None
+    elif isinstance(finish, functools.partial) and not finish.args:
+        finishing = (finish.func, tuple(sorted(finish.keywords.items())))
+    else:
+        return None  # an arbitrary callable: nothing to key it by
+    try:
+        transformers = tuple(edit.load_transformers())
+        hash(transformers)
+    except Exception:  # noqa: BLE001 - not remembered; the run itself reports a codemod that cannot load
+        return None
+    return (patch.id, patch.engine, edit.relpath, transformers, engine_version,
+            hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest(), finishing)
+
+
 def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: str,
                      finish: Finish | None = None) -> FileTransform:
     """Apply every transformer of ``edit`` in order and record each anchor; never raises on anchors.
     ``finish`` rewrites the result last (the patch engine guards the runtime imports with it)."""
+    key = _memo_key(patch, edit, source, engine_version, finish)
+    if key is not None and key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    result = _run_transformers(patch, edit, source, engine_version, finish)
+    if key is not None:
+        _MEMO[key] = result
+        while len(_MEMO) > MEMO_SIZE:
+            _COMPILED.discard(_MEMO.popitem(last=False)[0])
+    return result
+
+
+def _run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: str,
+                      finish: Finish | None) -> FileTransform:
     context = PatchContext(patch.id, patch.engine, engine_version, edit.relpath)
     try:
         module = cst.parse_module(source)
@@ -69,6 +117,7 @@ def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version
                        finish: Finish | None = None) -> FileTransform:
     """Like :func:`run_transformers`, but a missing anchor or a result that does not compile raises."""
     result = run_transformers(patch, edit, source, engine_version, finish)
+    key = _memo_key(patch, edit, source, engine_version, finish)
     for transformer_name, anchor in result.anchors:
         if not anchor.ok:
             raise AnchorError(
@@ -79,6 +128,8 @@ def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version
                 engine_version=engine_version,
                 problem=anchor.problem,
             )
+    if key is not None and key in _COMPILED:
+        return result
     try:
         compile(result.after, edit.relpath, "exec")
     except SyntaxError as exc:
@@ -86,4 +137,6 @@ def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version
             f"patch {patch.id}: the patched {edit.relpath} does not compile "
             f"({patch.engine} {engine_version}): {exc}"
         ) from exc
+    if key is not None and key in _MEMO:
+        _COMPILED.add(key)
     return result

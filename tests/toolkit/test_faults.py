@@ -6,7 +6,8 @@ a failed call left everything as it was, and the next run of the same command, t
 finish the job with no temp file left behind. Each test prints how many faults it injected.
 
 The demo tree gets every call k of every scenario; copies of a real SGLang and a real vLLM tree get
-every k too, for fewer errnos. The codemods are memoized: what is under test is the I/O, not libcst.
+every k too, for fewer errnos. The patch engine remembers its codemod results in-process
+(toolkit/transform.py), so the runs after the first pay for the I/O under test, not for libcst.
 """
 
 from __future__ import annotations
@@ -90,22 +91,6 @@ class Injector:
             return real(*args, **kwargs)
 
         return call
-
-
-@pytest.fixture(autouse=True)
-def memoized_codemods(monkeypatch):
-    import toolkit.transform
-
-    cache: dict = {}
-    real = toolkit.transform.transform_or_raise
-
-    def transform(patch, edit, source, version, finish=None):
-        key = (patch.id, edit.relpath, source, version, tuple(sorted(getattr(finish, "keywords", {}).items())))
-        if key not in cache:
-            cache[key] = real(patch, edit, source, version, finish)
-        return cache[key]
-
-    monkeypatch.setattr(toolkit.transform, "transform_or_raise", transform)  # the engine imports it per call
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 Importing SGLang is most of a serving driver's time (11-15 s of 16-19 s), so every case that can run
 in one interpreter does: for each release group (``SGLANG_PROVED``), on one private copy of the venv's
 ``sglang`` (``private_sglang.py``: the shared venv is never written), ``group_driver.py`` runs once per
-patch state, four processes where the two test files ran five:
+patch state, four runs where the two test files ran five processes:
 
 1. token-ids alone: the token-ids cases, then its vanilla cases under ``TOOLKIT_RETURN_TOKEN_IDS=1``;
    then token-ids is reverted (its files checked byte-identical to the release's);
@@ -15,6 +15,11 @@ patch state, four processes where the two test files ran five:
    release's; it runs after the patched code ran from the same copy, so a stale module a revert left
    would show as a patch's behaviour, which the baseline tests rule out.
 
+The four runs are forks of one interpreter per group (tests/harness/forks.py) that has imported the
+drivers' third-party libraries once (torch, transformers, ...: most of an SGLang import); each fork
+imports SGLang itself from the copy's files as they are in that patch state. A drive went from
+16-19 s to 2-3 s (0.5.23, quiet); the group's four from ~88 s of CPU to ~19 s.
+
 Computed once per process (the first test that asks), kept for the other file; the scheduler gives
 both files' tests of one release to the same worker (tests/harness/workers.py ``MERGED_UNITS``).
 """
@@ -25,8 +30,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.harness.channel import run_driver
-from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
+from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model, toolkit_cache_dir
+from tests.harness.forks import ForkServer
 from tests.patches.sglang.token_ids.private_sglang import private_install, sha256s
 
 GROUP_DRIVER = Path(__file__).with_name("group_driver.py")
@@ -61,10 +66,10 @@ class GroupRuns:
 _RUNS: dict[str, GroupRuns | BaseException] = {}
 
 
-def drive(python: str, model: str, *parts: str) -> dict:
+def drive_env() -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if k != "TOOLKIT_RETURN_TOKEN_IDS"}
     environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    return run_driver([python, str(GROUP_DRIVER), model, *parts], env=environ, timeout=900, cwd="/").ok()
+    return environ
 
 
 def group_runs(version: str, tmp_path_factory) -> GroupRuns:
@@ -82,10 +87,16 @@ def group_runs(version: str, tmp_path_factory) -> GroupRuns:
 
 
 def _run(version: str, tmp_path_factory) -> GroupRuns:
+    python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
+    with ForkServer(python, env=drive_env(), key=f"sglang-{version}", cache_dir=toolkit_cache_dir()) as forks:
+        return _run_states(version, python, ensure_tiny_model(), forks)
+
+
+def _run_states(version: str, python: str, model: str, forks: ForkServer) -> GroupRuns:
     from toolkit import apply_patch, patch_status, revert_patch
 
-    python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
-    model = ensure_tiny_model()
+    def drive(*parts: str) -> dict:  # a fork of one interpreter per group: its libraries imported once
+        return forks.run([str(GROUP_DRIVER), model, *parts], timeout=900).ok()
 
     def states() -> dict[str, set[str]]:
         rows = patch_status(engine="sglang", python=python)
@@ -97,7 +108,7 @@ def _run(version: str, tmp_path_factory) -> GroupRuns:
     try:
         token_ids_status = states()["token-ids"]
         token_ids_sha = sha256s(python)
-        token_ids = drive(python, model, "token-ids-server-wide")["token-ids-server-wide"]
+        token_ids = drive("token-ids-server-wide")["token-ids-server-wide"]
     finally:
         assert revert_patch(engine="sglang", patches=["token-ids"], python=python) is True
     token_ids_status_reverted = states()["token-ids"]
@@ -106,17 +117,17 @@ def _run(version: str, tmp_path_factory) -> GroupRuns:
     assert apply_patch(engine="sglang", patches=["tito"], python=python) is True
     try:
         tito_sha = sha256s(python)
-        tito = drive(python, model, "tito")["tito"]
+        tito = drive("tito")["tito"]
         assert apply_patch(engine="sglang", patches=["token-ids"], python=python) is True
         both_states = states()
-        both = drive(python, model, "tito", *(["splice"] if version in SPLICE_RELEASES else []))
+        both = drive("tito", *(["splice"] if version in SPLICE_RELEASES else []))
         # each reverts alone: token-ids goes, tito stays, byte-identical to tito applied alone
         assert revert_patch(engine="sglang", patches=["token-ids"], python=python) is True
         assert sha256s(python) == tito_sha
     finally:
         revert_patch(engine="sglang", patches=["tito", "token-ids"], python=python)
     # 4. both reverted: the baseline
-    unpatched = drive(python, model, "token-ids", "tito")
+    unpatched = drive("token-ids", "tito")
     return GroupRuns(
         version=version, sha_before=sha_before,
         token_ids_status=token_ids_status, token_ids_sha=token_ids_sha, token_ids_env=token_ids.pop("server_wide"),

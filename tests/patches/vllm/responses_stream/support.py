@@ -312,10 +312,12 @@ def serve_and_play(model: str, patched: bool, log_path: Path | None = None,
                    version: str = "0.32.0") -> dict[str, CaseRun]:
     """Start one real vLLM ``version`` server (our private copy, patched or not), play every case, stop it."""
     sys.path.insert(0, str(REPO))
+    from tests.harness.fixtures import VLLM_NO_WORKER_PROCESS
     from toolkit.verify.server import EngineServer
 
     with private_vllm(patched, version=version) as overlay:
-        env = {"PYTHONPATH": str(overlay), "VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+        # responses-stream edits only the API server's files: no worker process
+        env = {"PYTHONPATH": str(overlay), "VLLM_ENABLE_RESPONSES_API_STORE": "1", **VLLM_NO_WORKER_PROCESS}
         with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS, env=env, timeout=600,
                           log_path=log_path) as server:
             return play_all(server.base_url, model, background=patched)

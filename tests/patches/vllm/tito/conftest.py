@@ -7,6 +7,8 @@ from typing import Iterator
 
 import pytest
 
+from tests.harness.fixtures import VLLM_NO_WORKER_PROCESS
+
 
 # Flags of the one server these tests share: the hermes tool parser (the tiny model's chat template
 # renders tools) and the qwen3 reasoning parser; eager mode starts faster and serves the same ids.
@@ -16,7 +18,8 @@ SERVER_ARGS = [
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     "--reasoning-parser", "qwen3",
 ]
-SERVER_ENV = {"TOOLKIT_RETURN_TOKEN_IDS": "1"}
+# tito edits only the API server's files: the model runs in the engine-core process
+SERVER_ENV = {"TOOLKIT_RETURN_TOKEN_IDS": "1", **VLLM_NO_WORKER_PROCESS}
 
 
 @dataclass

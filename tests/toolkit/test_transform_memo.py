@@ -1,0 +1,116 @@
+"""The patch engine remembers codemod results in-process (toolkit/transform.py): the same file planned
+again is not parsed again, and nothing a result depends on is left out of what it is remembered by."""
+
+from __future__ import annotations
+
+import functools
+
+import libcst as cst
+import pytest
+
+from tests.toolkit import demo_patches
+from toolkit import transform
+from toolkit.codemod import AnchoredTransformer, FileEdit, Patch
+from toolkit.errors import AnchorError, PatchError
+
+EDIT = demo_patches.DEMO.files[0]  # srt/protocol.py, AddFieldToResponse
+
+
+@pytest.fixture
+def parses(monkeypatch) -> list[str]:
+    """Every source libcst parses for a transform, in order."""
+    seen: list[str] = []
+    real = cst.parse_module
+
+    def counting(source, *args, **kwargs):
+        seen.append(source)
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(transform.cst, "parse_module", counting)
+    return seen
+
+
+def test_the_same_file_again_is_not_parsed_again_and_gives_the_same_result(parses):
+    first = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    again = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert len(parses) == 1
+    assert again.after == first.after and "token_ids: list | None = None" in again.after
+    transform.forget()
+    fresh = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert len(parses) == 2 and fresh.after == first.after
+
+
+def test_every_input_of_a_result_is_part_of_its_key(parses):
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL + "\n# other\n", "0.5.9")  # source
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.10")  # version
+    other_id = Patch(id="demo-copy", engine="sglang", versions=">=0.5.9,<=0.5.23", files=(EDIT,), summary="same edit")
+    transform.transform_or_raise(other_id, EDIT, demo_patches.PROTOCOL, "0.5.9")  # patch
+    with_guard = functools.partial(lambda module, engine, backup: module, engine="sglang", backup="a")
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9", with_guard)  # finish
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9",
+                                 functools.partial(with_guard.func, engine="sglang", backup="b"))
+    assert len(parses) == 6
+
+
+def test_a_transformer_class_defined_again_is_a_new_key(parses):
+    """Same names, new class objects (a codemod module loaded again, or a test's own): never the old result."""
+
+    def make(text: str) -> type:
+        class AddComment(AnchoredTransformer):
+            ANCHORS = {"class Response": "the response model"}
+
+            def leave_ClassDef(self, original_node, updated_node):
+                self.hit("class Response")
+                line = cst.parse_statement(f"note = {text!r}  {self.marker}\n")
+                return updated_node.with_changes(body=updated_node.body.with_changes(
+                    body=[*updated_node.body.body, line]))
+
+        return AddComment
+
+    outs = []
+    for text in ("one", "two"):
+        patch = Patch(id="demo", engine="sglang", versions=">=0.5.9,<=0.5.23",
+                      files=(FileEdit("srt/protocol.py", (make(text),)),), summary="a note")
+        outs.append(transform.transform_or_raise(patch, patch.files[0], demo_patches.PROTOCOL, "0.5.9").after)
+    assert "'one'" in outs[0] and "'two'" in outs[1]
+    assert len(parses) == 2
+
+
+def test_failures_are_not_remembered_and_raise_every_time(parses):
+    missing = Patch(id="demo", engine="sglang", versions=">=0.5.9,<=0.5.23",
+                    files=(FileEdit("srt/serving.py", (demo_patches.MissingAnchor,)),), summary="x")
+    broken = Patch(id="demo", engine="sglang", versions=">=0.5.9,<=0.5.23",
+                   files=(FileEdit("srt/protocol.py", (demo_patches.BreaksSyntax,)),), summary="x")
+    for _ in range(2):
+        with pytest.raises(AnchorError):
+            transform.transform_or_raise(missing, missing.files[0], demo_patches.SERVING, "0.5.9")
+        with pytest.raises(PatchError, match="does not compile"):
+            transform.transform_or_raise(broken, broken.files[0], demo_patches.PROTOCOL, "0.5.9")
+    marked = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9").after
+    for _ in range(2):  # a file carrying the marker is refused each time, though its source was seen
+        with pytest.raises(PatchError, match="already carries its marker"):
+            transform.transform_or_raise(demo_patches.DEMO, EDIT, marked, "0.5.9")
+
+
+def test_an_arbitrary_finish_is_never_remembered(parses):
+    calls = []
+
+    def finish(module):
+        calls.append(1)
+        return module
+
+    for _ in range(2):
+        transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9", finish)
+    assert len(parses) == 2 and len(calls) == 2
+
+
+def test_the_memory_is_bounded(monkeypatch, parses):
+    monkeypatch.setattr(transform, "MEMO_SIZE", 3)
+    sources = [demo_patches.PROTOCOL + f"\n# {i}\n" for i in range(5)]
+    for source in sources:
+        transform.transform_or_raise(demo_patches.DEMO, EDIT, source, "0.5.9")
+    assert len(transform._MEMO) == 3 and len(transform._COMPILED) == 3
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, sources[-1], "0.5.9")  # kept
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, sources[0], "0.5.9")  # dropped: parsed again
+    assert len(parses) == 6
