@@ -35,15 +35,20 @@ Finish = Callable[[cst.Module], cst.Module]
 
 # The last results, by everything a result depends on (the transformer classes themselves, not their
 # names, so a module loaded again is a new key). A process that plans the same file again (an apply
-# over a patch, a revert that keeps one, `check` then `apply`, the release matrix over releases that
-# share a file) runs libcst once: parse, visits and code generation are seconds on a large file.
+# over a patch, a revert that keeps one, the fault suite's thousands of runs) runs libcst once, and one
+# that checks a file before it patches it (`check` then `apply`, the release matrix's anchors then its
+# golden) parses and visits it once: seconds on a large file. Two levels: the transformers' tree before
+# ``finish`` (about 100 bytes of memory per byte of source, so only a few), and the finished results.
+_VISITED: OrderedDict[Hashable, tuple[cst.Module, list[tuple[str, AnchorResult]]]] = OrderedDict()
 _MEMO: OrderedDict[Hashable, FileTransform] = OrderedDict()
-_COMPILED: set[Hashable] = set()  # keys whose result compiled
+_COMPILED: set[Hashable] = set()  # keys of _MEMO whose result compiled
+VISITED_SIZE = 12
 MEMO_SIZE = 48
 
 
 def forget() -> None:
     """Drop every remembered result (tests that change a transformer's behaviour in place call it)."""
+    _VISITED.clear()
     _MEMO.clear()
     _COMPILED.clear()
 
@@ -64,6 +69,14 @@ def _memo_key(patch: Patch, edit: FileEdit, source: str, engine_version: str, fi
             hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest(), finishing)
 
 
+def _remember(memo: OrderedDict, key: Hashable, value, size: int) -> None:
+    memo[key] = value
+    while len(memo) > size:
+        dropped = memo.popitem(last=False)[0]
+        if memo is _MEMO:
+            _COMPILED.discard(dropped)
+
+
 def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: str,
                      finish: Finish | None = None) -> FileTransform:
     """Apply every transformer of ``edit`` in order and record each anchor; never raises on anchors.
@@ -72,16 +85,24 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
     if key is not None and key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key]
-    result = _run_transformers(patch, edit, source, engine_version, finish)
+    tree_key = _memo_key(patch, edit, source, engine_version, None) if key is not None else None
+    if tree_key is not None and tree_key in _VISITED:
+        _VISITED.move_to_end(tree_key)
+        module, anchors = _VISITED[tree_key]
+    else:
+        module, anchors = _visit(patch, edit, source, engine_version)
+        if tree_key is not None:
+            _remember(_VISITED, tree_key, (module, anchors), VISITED_SIZE)
+    if finish is not None:
+        module = finish(module)  # a new tree: libcst's nodes are immutable, the remembered one stays
+    result = FileTransform(patch.id, edit.relpath, source, module.code, anchors)
     if key is not None:
-        _MEMO[key] = result
-        while len(_MEMO) > MEMO_SIZE:
-            _COMPILED.discard(_MEMO.popitem(last=False)[0])
+        _remember(_MEMO, key, result, MEMO_SIZE)
     return result
 
 
-def _run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: str,
-                      finish: Finish | None) -> FileTransform:
+def _visit(patch: Patch, edit: FileEdit, source: str,
+           engine_version: str) -> tuple[cst.Module, list[tuple[str, AnchorResult]]]:
     context = PatchContext(patch.id, patch.engine, engine_version, edit.relpath)
     try:
         module = cst.parse_module(source)
@@ -108,9 +129,7 @@ def _run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version:
                 "nothing was written"
             ) from None
         anchors.extend((type(transformer).__name__, result) for result in transformer.anchor_report())
-    if finish is not None:
-        module = finish(module)
-    return FileTransform(patch.id, edit.relpath, source, module.code, anchors)
+    return module, anchors
 
 
 def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version: str,

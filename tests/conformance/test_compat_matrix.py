@@ -7,23 +7,17 @@ golden check, and its grouping by sha256 run exactly as for the published docs/c
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness.fixtures import REPO_ROOT, ensure_source_tree
+from tests.harness.fixtures import ensure_source_tree, load_script
 from toolkit.sources import load_source
 
 
 @pytest.fixture(scope="module")
 def matrix():
-    spec = importlib.util.spec_from_file_location("_toolkit_compat_matrix", REPO_ROOT / "scripts" / "compat_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations through it
-    spec.loader.exec_module(module)
-    return module
+    return load_script("compat_matrix.py", "_toolkit_compat_matrix")  # the one test_every_release.py uses
 
 
 @pytest.fixture

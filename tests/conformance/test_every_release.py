@@ -15,25 +15,15 @@ The conformance suite (test_every_patch.py) goes further on the five trees CI un
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
 import re
-import sys
 
 import pytest
 
-from tests.harness.fixtures import REPO_ROOT
+from tests.harness.fixtures import load_script
 
 
-def _load_matrix():
-    spec = importlib.util.spec_from_file_location("_toolkit_compat_matrix", REPO_ROOT / "scripts" / "compat_matrix.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations (and pickle) through it
-    spec.loader.exec_module(module)
-    return module
-
-
-MATRIX = _load_matrix()
+MATRIX = load_script("compat_matrix.py", "_toolkit_compat_matrix")  # one module per process: its cells pickle
 RELEASES = MATRIX.RELEASES  # every release of each line on the index, as of the matrix's last widening
 
 

@@ -85,6 +85,22 @@ def _installed_from_here(venv: Path) -> bool:
     return False
 
 
+def load_script(filename: str, module_name: str):
+    """``scripts/<filename>`` as the module ``module_name``, loaded once per process: a second load
+    would make the first one's dataclasses unpicklable (their module in ``sys.modules`` is another)."""
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, REPO_ROOT / "scripts" / filename)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # its dataclasses resolve their annotations (and pickle) through it
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
 def _envs_script():
     """scripts/envs.py as a module (it is stdlib-only; ``scripts`` is not a package)."""
     spec = importlib.util.spec_from_file_location("_toolkit_envs_script", REPO_ROOT / "scripts" / "envs.py")

@@ -40,17 +40,27 @@ def test_the_same_file_again_is_not_parsed_again_and_gives_the_same_result(parse
     assert len(parses) == 2 and fresh.after == first.after
 
 
+def _tag(module: cst.Module, engine: str, backup: str) -> cst.Module:
+    """A finish like the patch engine's guard: a function of the tree and its keyword arguments."""
+    return module.with_changes(body=[*module.body, cst.parse_statement(f"BACKUP = {backup!r}\n")])
+
+
 def test_every_input_of_a_result_is_part_of_its_key(parses):
-    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    first = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
     transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL + "\n# other\n", "0.5.9")  # source
     transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.10")  # version
     other_id = Patch(id="demo-copy", engine="sglang", versions=">=0.5.9,<=0.5.23", files=(EDIT,), summary="same edit")
     transform.transform_or_raise(other_id, EDIT, demo_patches.PROTOCOL, "0.5.9")  # patch
-    with_guard = functools.partial(lambda module, engine, backup: module, engine="sglang", backup="a")
-    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9", with_guard)  # finish
-    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9",
-                                 functools.partial(with_guard.func, engine="sglang", backup="b"))
-    assert len(parses) == 6
+    assert len(parses) == 4
+    # the same file with another finish: the transformers' tree is reused, each finish runs on it
+    a = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9",
+                                     functools.partial(_tag, engine="sglang", backup="a"))
+    b = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9",
+                                     functools.partial(_tag, engine="sglang", backup="b"))
+    assert len(parses) == 4
+    assert a.after == first.after + "BACKUP = 'a'\n" and b.after == first.after + "BACKUP = 'b'\n"
+    plain = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert plain.after == first.after  # the finishes did not change the remembered tree
 
 
 def test_a_transformer_class_defined_again_is_a_new_key(parses):
@@ -107,10 +117,11 @@ def test_an_arbitrary_finish_is_never_remembered(parses):
 
 def test_the_memory_is_bounded(monkeypatch, parses):
     monkeypatch.setattr(transform, "MEMO_SIZE", 3)
+    monkeypatch.setattr(transform, "VISITED_SIZE", 3)
     sources = [demo_patches.PROTOCOL + f"\n# {i}\n" for i in range(5)]
     for source in sources:
         transform.transform_or_raise(demo_patches.DEMO, EDIT, source, "0.5.9")
-    assert len(transform._MEMO) == 3 and len(transform._COMPILED) == 3
+    assert len(transform._MEMO) == 3 and len(transform._COMPILED) == 3 and len(transform._VISITED) == 3
     transform.transform_or_raise(demo_patches.DEMO, EDIT, sources[-1], "0.5.9")  # kept
     transform.transform_or_raise(demo_patches.DEMO, EDIT, sources[0], "0.5.9")  # dropped: parsed again
     assert len(parses) == 6
