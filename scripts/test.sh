@@ -17,6 +17,7 @@ cd "$(dirname "$0")/.."
 QUICK=0
 if [ "${1:-}" = "--quick" ]; then
     QUICK=1
+    export TOOLKIT_QUICK=1  # fewer drawn examples and faulted calls (tests/conftest.py)
     shift
 fi
 BOOT_PYTHON=${BOOT_PYTHON:-python3}

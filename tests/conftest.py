@@ -37,3 +37,24 @@ def _codemod_results_per_test():
     if transform is not None:
         transform.forget()
     yield
+
+
+# `scripts/test.sh --quick` (TOOLKIT_QUICK=1), the loop run after every change: the same tests with
+# fewer drawn examples: each property test draws at most QUICK_EXAMPLES, and the fault suite's runs over
+# real engine trees fault a sample of the calls (tests/toolkit/test_faults.py). CI runs them all.
+QUICK = __import__("os").environ.get("TOOLKIT_QUICK") == "1"
+QUICK_EXAMPLES = 10
+
+
+def pytest_collection_modifyitems(config, items):
+    if not QUICK:
+        return
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    for item in items:
+        test = getattr(item, "obj", None)
+        current = getattr(test, "_hypothesis_internal_use_settings", None)  # where @given keeps its settings
+        if current is not None and current.max_examples > QUICK_EXAMPLES:
+            test._hypothesis_internal_use_settings = settings(current, max_examples=QUICK_EXAMPLES)

@@ -87,3 +87,4 @@ def test_a_killed_server_is_one_clear_failure(tmp_path):
     with pytest.raises(AssertionError, match="fork server died"):
         forks.run([driver, "ok"])
     forks.close()
+
