@@ -26,7 +26,7 @@ from pathlib import Path
 SHARED_VENVS = ("dev",)  # never patched by a test: shared, so paths derived from it agree across workers
 # Made in the shared cache before the symlinks, so what a worker builds there (slim trees, side venvs)
 # stays for the next run instead of dying with the worker's cache.
-SHARED_DIRS = ("models", "sources", "sources-slim", "side-venvs")
+SHARED_DIRS = ("models", "sources", "sources-slim", "side-venvs", "driver-preload")
 
 
 def _is_built_venv(path: Path) -> bool:
