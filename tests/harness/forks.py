@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -95,6 +96,7 @@ class ForkServer:
                 pass
             process.wait()
             self._replies.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)  # the runs' logs: already handed back
 
     def _preload(self, timeout: float) -> None:
         self._ask({"preload": str(self.modules_list)}, timeout)
@@ -102,10 +104,14 @@ class ForkServer:
 
     def _ask(self, request: dict, timeout: float) -> dict:
         assert self.process is not None, "the fork server is not running"
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self._replies], [], [], timeout)
-        line = self._replies.readline() if ready else ""
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        except OSError:  # a broken pipe: it died; said below with its log
+            ready, line = True, ""
+        else:
+            ready, _, _ = select.select([self._replies], [], [], timeout)
+            line = self._replies.readline() if ready else ""
         if not line:
             log = self.log_path.read_text(errors="replace")[-4000:]
             self.close()

@@ -143,6 +143,22 @@ def engine_site(version: str = "0.32.0") -> Path:
     return VLLM_VENV.parent / VLLM_033_ENV / "site"
 
 
+def _release_files_back(site: Path, root: Path) -> None:
+    """The copy holds the venv's files as they are now, and another test's session server (tito's) may
+    have patched the venv for its lifetime: put the release's bytes back in the copy from the venv's
+    backups, as new files (the hard links into the venv are never written through)."""
+    from toolkit.patch_registry import markers_in
+    from toolkit.state import StateDir
+
+    state = StateDir(site, "vllm")
+    for relpath in state.backup_relpaths():
+        target = root / "vllm" / relpath
+        target.unlink()
+        shutil.copyfile(state.backup_path(relpath), target)
+    for path in (root / "vllm").rglob("*.py"):  # nothing of a patch may be left in the copy
+        assert not markers_in(path.read_bytes()), f"{path} still carries a toolkit marker"
+
+
 @contextlib.contextmanager
 def private_vllm(patched: bool, venv: Path = VLLM_VENV, version: str = "0.32.0") -> Iterator[Path]:
     """A PYTHONPATH directory holding a hard-linked copy of vLLM ``version``'s package (+ its dist-info
@@ -157,10 +173,11 @@ def private_vllm(patched: bool, venv: Path = VLLM_VENV, version: str = "0.32.0")
     root = Path(tempfile.mkdtemp(prefix="rs-vllm-", dir=str(scratch)))
     try:
         entries = [site / "vllm", *site.glob("vllm*.dist-info")]
-        if version != "0.32.0":
-            entries = sorted(site.iterdir())  # the overlay holds only what that version needs
+        if version != "0.32.0":  # the overlay holds only what that version needs (not our state)
+            entries = [entry for entry in sorted(site.iterdir()) if entry.name != ".toolkit-state"]
         for entry in entries:
             subprocess.run(["cp", "-al", str(entry), str(root / entry.name)], check=True)
+        _release_files_back(site, root)
         if patched:
             patch_engine.apply(load_source(root).as_installed(), ["responses-stream"])
         yield root
