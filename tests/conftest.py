@@ -24,6 +24,7 @@ if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
     _signal.signal(_signal.SIGINT, _signal.default_int_handler)
 
 
+import os as _os
 import sys as _sys
 
 import pytest as _pytest
@@ -42,7 +43,7 @@ def _codemod_results_per_test():
 # `scripts/test.sh --quick` (TOOLKIT_QUICK=1), the loop run after every change: the same tests with
 # fewer drawn examples: each property test draws at most QUICK_EXAMPLES, and the fault suite's runs over
 # real engine trees fault a sample of the calls (tests/toolkit/test_faults.py). CI runs them all.
-QUICK = __import__("os").environ.get("TOOLKIT_QUICK") == "1"
+QUICK = _os.environ.get("TOOLKIT_QUICK") == "1"
 QUICK_EXAMPLES = 10
 
 

@@ -53,20 +53,24 @@ def forget() -> None:
     _COMPILED.clear()
 
 
-def _memo_key(patch: Patch, edit: FileEdit, source: str, engine_version: str, finish: Finish | None) -> Hashable:
+def _memo_keys(patch: Patch, edit: FileEdit, source: str, engine_version: str,
+               finish: Finish | None) -> tuple[Hashable, Hashable]:
+    """(the key of the transformers' tree, the key of the finished result); (None, None) where nothing
+    can key a result: an arbitrary ``finish`` callable, a codemod that does not load."""
     if finish is None:
         finishing: Hashable = None
     elif isinstance(finish, functools.partial) and not finish.args:
         finishing = (finish.func, tuple(sorted(finish.keywords.items())))
     else:
-        return None  # an arbitrary callable: nothing to key it by
+        return None, None
     try:
         transformers = tuple(edit.load_transformers())
         hash(transformers)
     except Exception:  # noqa: BLE001 - not remembered; the run itself reports a codemod that cannot load
-        return None
-    return (patch.id, patch.engine, edit.relpath, transformers, engine_version,
-            hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest(), finishing)
+        return None, None
+    tree = (patch.id, patch.engine, edit.relpath, transformers, engine_version,
+            hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest())
+    return tree, (tree, finishing)
 
 
 def _remember(memo: OrderedDict, key: Hashable, value, size: int) -> None:
@@ -81,11 +85,10 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
                      finish: Finish | None = None) -> FileTransform:
     """Apply every transformer of ``edit`` in order and record each anchor; never raises on anchors.
     ``finish`` rewrites the result last (the patch engine guards the runtime imports with it)."""
-    key = _memo_key(patch, edit, source, engine_version, finish)
+    tree_key, key = _memo_keys(patch, edit, source, engine_version, finish)
     if key is not None and key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key]
-    tree_key = _memo_key(patch, edit, source, engine_version, None) if key is not None else None
     if tree_key is not None and tree_key in _VISITED:
         _VISITED.move_to_end(tree_key)
         module, anchors = _VISITED[tree_key]
@@ -136,7 +139,7 @@ def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version
                        finish: Finish | None = None) -> FileTransform:
     """Like :func:`run_transformers`, but a missing anchor or a result that does not compile raises."""
     result = run_transformers(patch, edit, source, engine_version, finish)
-    key = _memo_key(patch, edit, source, engine_version, finish)
+    _, key = _memo_keys(patch, edit, source, engine_version, finish)
     for transformer_name, anchor in result.anchors:
         if not anchor.ok:
             raise AnchorError(

@@ -15,13 +15,12 @@ others exactly as applied without it, and reverting all is byte-identical. A new
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.harness.fixtures import REPO_ROOT, ensure_source_tree
+from tests.harness.fixtures import ensure_source_tree, load_script
 from tests.harness.golden import copy_files, digests, golden_problems
 from toolkit import engine, patch_registry
 from toolkit.sources import load_source
@@ -30,9 +29,7 @@ from toolkit.transform import run_transformers
 
 def _default_sources() -> list[tuple[str, str]]:
     """The trees scripts/fetch_sources.py fetches by default, as (distribution, version)."""
-    spec = importlib.util.spec_from_file_location("_toolkit_fetch_sources", REPO_ROOT / "scripts" / "fetch_sources.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("fetch_sources.py", "_toolkit_fetch_sources")
     return [tuple(source.split("==")) for source in module.DEFAULT_SOURCES]
 
 

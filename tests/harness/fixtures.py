@@ -103,10 +103,7 @@ def load_script(filename: str, module_name: str):
 
 def _envs_script():
     """scripts/envs.py as a module (it is stdlib-only; ``scripts`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("_toolkit_envs_script", REPO_ROOT / "scripts" / "envs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("envs.py", "_toolkit_envs_script")
 
 
 def _venv_ready(name: str) -> bool:
