@@ -29,7 +29,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from toolkit.sse import parse_sse  # noqa: F401 (re-exported: tests and scripts read streams with it)
+from toolkit.sse import parse_sse
+
+# parse_sse is re-exported: tests and scripts read streams with it
+__all__ = ["as_dict", "check_events", "compare_outputs", "parse_sse"]
 
 TERMINAL = {"response.completed": "completed", "response.incomplete": "incomplete", "response.failed": "failed"}
 ITEM_TYPES = ("message", "reasoning", "function_call", "custom_tool_call")
@@ -216,6 +219,16 @@ class _Checker:
         else:
             self.problem(f"{kind} inside an item of unknown type")
 
+    def _delta(self, kind: str, event: dict, state: dict, joined: str, done: str, done_kind: str) -> None:
+        """A text or arguments delta: a string, before ``done_kind``; it joins ``state[joined]``."""
+        if state[done] is not None:
+            self.problem(f"{kind} after {done_kind}")
+        delta = event.get("delta")
+        if not isinstance(delta, str):
+            self.problem("delta is not a string")
+        else:
+            state[joined] += delta
+
     def _text_event(self, kind: str, event: dict) -> None:
         item = self.item
         assert item is not None
@@ -239,13 +252,7 @@ class _Checker:
         if event.get("content_index") != part["index"]:
             self.problem(f"content_index {event.get('content_index')!r} is not the open part's {part['index']}")
         if kind == delta_kind:
-            if part["done_text"] is not None:
-                self.problem(f"{kind} after {done_kind}")
-            delta = event.get("delta")
-            if not isinstance(delta, str):
-                self.problem("delta is not a string")
-            else:
-                part["text"] += delta
+            self._delta(kind, event, part, "text", "done_text", done_kind)
         elif kind == done_kind:
             if part["done_text"] is not None:
                 self.problem(f"{done_kind} twice")
@@ -269,13 +276,7 @@ class _Checker:
         item = self.item
         assert item is not None
         if kind == delta_kind:
-            if item["args_done"] is not None:
-                self.problem(f"{kind} after {done_kind}")
-            delta = event.get("delta")
-            if not isinstance(delta, str):
-                self.problem("delta is not a string")
-            else:
-                item["args"] += delta
+            self._delta(kind, event, item, "args", "args_done", done_kind)
         elif kind == done_kind:
             if item["args_done"] is not None:
                 self.problem(f"{done_kind} twice")

@@ -22,7 +22,8 @@ from typing import Any, AsyncIterator, Callable
 
 from pydantic import BaseModel
 
-from toolkit.patches.vllm.responses_stream.machine import Markers, ResponsesStream
+from toolkit.patches.vllm.responses_stream.machine import ResponsesStream
+from toolkit.patches.vllm.responses_stream.segmenter import Markers
 
 PATCH_ID = "responses-stream"
 
@@ -120,13 +121,13 @@ def make_stream(request: Any, parser: Any, tokenizer: Any, prompt_token_ids: Any
     )
     markers = Markers(r_start, r_end, *((t_start, t_end) if tool_choice == "auto" else (None, None)))
 
-    decode_tool: Callable[[str], list[tuple[str, str]] | None] | None = None
-    if raw_text and markers.tools:
-        def decode_tool(body: str) -> list[tuple[str, str]] | None:
-            info = tool_parser.extract_tool_calls(f"{t_start}{body}{t_end}", request)
-            if info is None or not info.tools_called:
-                return None
-            return [(call.function.name, call.function.arguments) for call in info.tool_calls]
+    def decode_with_parser(body: str) -> list[tuple[str, str]] | None:
+        info = tool_parser.extract_tool_calls(f"{t_start}{body}{t_end}", request)
+        if info is None or not info.tools_called:
+            return None
+        return [(call.function.name, call.function.arguments) for call in info.tool_calls]
+
+    decode_tool = decode_with_parser if raw_text and markers.tools else None
 
     stream = ResponsesStream(
         markers if raw_text else Markers(),

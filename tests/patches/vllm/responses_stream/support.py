@@ -69,7 +69,7 @@ def request_body(model: str, scenario: str, extra: dict | None = None, stream: b
 
 
 def _markers():
-    from toolkit.patches.vllm.responses_stream.machine import Markers
+    from toolkit.patches.vllm.responses_stream.segmenter import Markers
 
     return Markers("<think>", "</think>", "<tool_call>", "</tool_call>")
 
