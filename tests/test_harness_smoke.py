@@ -20,7 +20,9 @@ import httpx
 import pytest
 
 from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENV, sglang_env
-from toolkit.verify.server import MODELINFO_CACHE_ENV, EngineServer, ServerStartError, pid_alive
+from toolkit.verify.modelinfo_cache import MODELINFO_CACHE_ENV
+from toolkit.verify.processes import pid_alive
+from toolkit.verify.server import EngineServer, ServerStartError
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello to the tests."}]
 

@@ -9,12 +9,14 @@ is off), on a free loopback port, with its output in a log file. Leaving the con
 exception or on Ctrl-C) sends SIGTERM to the process group, waits, then SIGKILLs every process of the
 server that is still alive, found by PID (the process tree and group recorded while it ran), and
 removes the temporary directory. Needs psutil (the `verify` extra; every engine already depends on it).
+
+The command line, environment and cwd come from server_launch; processes finds the server's processes
+by PID; modelinfo_cache keeps vLLM's model-class inspections between servers.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import shutil
 import signal
@@ -29,10 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from toolkit.discovery import ENGINE_DISTRIBUTIONS as _DISTRIBUTION_ENGINES
-from toolkit.extras import require
-
-require("verify", ("psutil",), "toolkit verify's server launcher")
-import psutil  # noqa: E402
+from toolkit.verify.modelinfo_cache import modelinfo_dirs, save_modelinfos, seed_modelinfos
+from toolkit.verify.processes import create_time, group_members, pid_alive, send_signal, tree_and_group
+from toolkit.verify.server_launch import server_command, server_env, server_workdir
 
 __all__ = ["EngineServer", "ServerStartError", "engine_version", "free_port", "pid_alive"]
 
@@ -40,25 +41,7 @@ __all__ = ["EngineServer", "ServerStartError", "engine_version", "free_port", "p
 ENGINE_DISTRIBUTIONS = {engine: tuple(d for d, (e, _) in _DISTRIBUTION_ENGINES.items() if e == engine)
                         for engine in dict.fromkeys(e for e, _ in _DISTRIBUTION_ENGINES.values())}
 
-# CPU defaults from shared/ENGINES.md; a flag the caller passes in server_args replaces the default.
-# --enforce-eager: start-up without torch.compile's C++ builds (less CPU on a 2-core machine), and
-# forward hooks fire; pass --no-enforce-eager for the compiled path.
-VLLM_CPU_ARGS = (
-    "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8", "--seed", "0",
-    "--kv-cache-memory-bytes", "67108864", "--enforce-eager",
-)
-SGLANG_CPU_ARGS = (
-    "--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-    "--skip-server-warmup", "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
-    "--dtype", "float32", "--random-seed", "0",
-)
-# Before this version SGLang needs --disable-cuda-graph on CPU (0.5.23 deprecates the flag).
-SGLANG_CUDA_GRAPH_FLAG_BEFORE = "0.5.23"
-
 STOP_GRACE_S = 20.0
-# A directory where vLLM's model-class inspections are kept between servers (per engine release): each
-# server still has its own cache root, seeded from here. Off unless set (the test suite sets it).
-MODELINFO_CACHE_ENV = "TOOLKIT_VLLM_MODELINFO_CACHE"
 
 
 class ServerStartError(RuntimeError):
@@ -92,91 +75,6 @@ def engine_version(engine: str, python: str) -> tuple[str, str]:
         raise ServerStartError(f"{python} has no {engine} installed (looked for {', '.join(dists)})")
     dist, version = result.stdout.split()
     return dist, version
-
-
-def _release_before(version: str, release: str) -> bool:
-    """Whether ``version`` is older than ``release`` (PEP 440; a version that is not PEP 440 is not)."""
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        return Version(version) < Version(release)
-    except InvalidVersion:
-        return False
-
-
-def _merge_args(defaults: Sequence[str], given: Sequence[str]) -> list[str]:
-    """Defaults whose flag the caller did not give (as --flag, --flag=v or --no-flag), then the caller's."""
-    given_flags = {a.split("=", 1)[0] for a in given if a.startswith("--")}
-    given_flags |= {"--" + f[len("--no-"):] for f in given_flags if f.startswith("--no-")}
-    merged: list[str] = []
-    i = 0
-    while i < len(defaults):
-        flag = defaults[i]
-        values = []
-        i += 1
-        while i < len(defaults) and not defaults[i].startswith("--"):
-            values.append(defaults[i])
-            i += 1
-        if flag not in given_flags:
-            merged += [flag, *values]
-    return merged + list(given)
-
-
-# --- processes, by PID (psutil) ----------------------------------------------------------------
-# A process is named by (pid, create_time): a pid alone may be reused once its process is reaped.
-
-_GONE = (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied)
-
-
-def pid_alive(pid: int, started: float | None = None) -> bool:
-    """True when ``pid`` runs (not a zombie) and, if given, is the process created at ``started``."""
-    try:
-        process = psutil.Process(pid)
-        if process.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-            return False
-        return started is None or process.create_time() == started
-    except _GONE:
-        return False
-
-
-def _created(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except _GONE:
-        return None
-
-
-def _group_members(pgid: int) -> dict[int, float]:
-    """pid -> create_time of the live members of process group ``pgid``."""
-    found = {}
-    for process in psutil.process_iter(["status", "create_time"]):
-        if process.info["status"] in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-            continue
-        try:
-            if os.getpgid(process.pid) == pgid:
-                found[process.pid] = process.info["create_time"]
-        except OSError:
-            pass
-    return found
-
-
-def _tree(root: int | None, pgid: int | None) -> dict[int, float]:
-    """pid -> create_time of ``root``, its descendants, and the members of process group ``pgid``."""
-    found: dict[int, float] = {}
-    if root is not None:
-        try:
-            process = psutil.Process(root)
-            for member in (process, *process.children(recursive=True)):
-                try:
-                    found[member.pid] = member.create_time()
-                except _GONE:
-                    pass
-        except _GONE:
-            pass
-    if pgid is not None:
-        for pid, created in _group_members(pgid).items():
-            found.setdefault(pid, created)
-    return found
 
 
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never via a proxy
@@ -248,7 +146,7 @@ class EngineServer:
             return []
         if self._group_alive():
             root = self.process.pid if self.process.returncode is None else None
-            self.seen_pids.update(_tree(root, self.process.pid))
+            self.seen_pids.update(tree_and_group(root, self.process.pid))
         return sorted(pid for pid, start in self.seen_pids.items() if pid_alive(pid, start))
 
     def log_tail(self, n: int = 40) -> str:
@@ -274,21 +172,24 @@ class EngineServer:
             if self.log_path is None:
                 self.log_path = self.tmp_dir / "server.log"
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.command = self._command()
+            self.command = server_command(self.engine, self.python, self.model, self.host, self.port,
+                                          self.version or "", self.server_args, cpu=self.cpu)
             self._log_handle = open(self.log_path, "w")
             self._log_handle.write(f"$ {' '.join(self.command)}\n")
             self._log_handle.flush()
             _RUNNING.add(self)
+            env = server_env(self.engine, self.tmp_dir, self.extra_env, cpu=self.cpu)
+            self._seed_modelinfos()  # before the start: vLLM reads its cache root as it starts
             self.process = subprocess.Popen(
                 self.command,
                 stdin=subprocess.DEVNULL,
                 stdout=self._log_handle,
                 stderr=subprocess.STDOUT,
-                env=self._env(),
-                cwd=self._workdir(),
+                env=env,
+                cwd=server_workdir(self.tmp_dir),
                 start_new_session=True,  # its own session and process group
             )
-            self._root_start = _created(self.process.pid)
+            self._root_start = create_time(self.process.pid)
             self._wait_healthy()
         except BaseException:
             self.stop()
@@ -301,7 +202,7 @@ class EngineServer:
         if process is not None and not self._stopped:
             # Marked stopped only at the end: a second Ctrl-C in here leaves it to the atexit hook.
             if process.returncode is None:  # not reaped yet, so its pid (= pgid) is still ours
-                self.seen_pids.update(_tree(process.pid, process.pid))
+                self.seen_pids.update(tree_and_group(process.pid, process.pid))
             self._signal_all(signal.SIGTERM)
             deadline = time.monotonic() + STOP_GRACE_S
             while self._alive() and time.monotonic() < deadline:
@@ -336,13 +237,6 @@ class EngineServer:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _workdir(self) -> Path:
-        """An empty cwd: under `python -m` it is sys.path[0], so nothing may sit in it."""
-        assert self.tmp_dir is not None
-        work = self.tmp_dir / "cwd"
-        work.mkdir(exist_ok=True)
-        return work
-
     def _alive(self) -> bool:
         return any(pid_alive(pid, start) for pid, start in self.seen_pids.items())
 
@@ -352,10 +246,10 @@ class EngineServer:
         if self.process.returncode is None:
             return True  # the leader is not reaped: its pid, the group id, is still ours
         pgid = self.process.pid
-        leader = _created(pgid)
+        leader = create_time(pgid)
         if leader is not None and leader != self._root_start:
             return False  # that pid now names another process; a group with its id is not ours
-        return bool(_group_members(pgid))
+        return bool(group_members(pgid))
 
     def _signal_all(self, sig: int) -> None:
         """``sig`` to the process group and to every server process seen, each checked by PID."""
@@ -364,95 +258,27 @@ class EngineServer:
             # Members that appeared since the last look (they keep the group id when orphaned); the
             # descendant walk only while the root is unreaped, since a reaped pid may be reused.
             root = self.process.pid if self.process.returncode is None else None
-            self.seen_pids.update(_tree(root, self.process.pid))
+            self.seen_pids.update(tree_and_group(root, self.process.pid))
             try:
                 os.killpg(self.process.pid, sig)  # start_new_session: pgid == pid
             except (ProcessLookupError, PermissionError):
                 pass
         for pid, start in list(self.seen_pids.items()):
             if pid_alive(pid, start):
-                _kill(pid, sig)
-
-    def _command(self) -> list[str]:
-        if self.engine == "vllm":
-            defaults = list(VLLM_CPU_ARGS) if self.cpu else []
-            return [self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-                    "--host", self.host, "--port", str(self.port), *_merge_args(defaults, self.server_args)]
-        defaults = list(SGLANG_CPU_ARGS) if self.cpu else []
-        if self.cpu and _release_before(self.version or "", SGLANG_CUDA_GRAPH_FLAG_BEFORE):
-            defaults.append("--disable-cuda-graph")
-        return [self.python, "-m", "sglang.launch_server", "--model-path", self.model,
-                "--host", self.host, "--port", str(self.port), *_merge_args(defaults, self.server_args)]
+                send_signal(pid, sig)
 
     def _modelinfo_dirs(self) -> tuple[Path, Path] | None:
-        """(kept, this server's) directories of vLLM's model-class inspections, when
-        ``TOOLKIT_VLLM_MODELINFO_CACHE`` names a directory to keep them in between servers."""
-        kept = os.environ.get(MODELINFO_CACHE_ENV)
-        if self.engine != "vllm" or not kept or self.tmp_dir is None:
-            return None
-        return Path(kept) / f"{self.distribution}-{self.version}", self.tmp_dir / "vllm-cache" / "modelinfos"
+        return modelinfo_dirs(self.engine, f"{self.distribution}-{self.version}", self.tmp_dir)
 
     def _seed_modelinfos(self) -> None:
-        """vLLM inspects the model class in a subprocess that imports vLLM and torch again (seconds of
-        CPU per start) unless its cache root has the result; each server has its own cache root, so
-        seed it with what an earlier server of the same release found. vLLM checks each entry against
-        the hash of the model's source file, so one that no longer matches is ignored and redone."""
         dirs = self._modelinfo_dirs()
-        if dirs is None:
-            return
-        kept, mine = dirs
-        mine.mkdir(parents=True, exist_ok=True)
-        for path in kept.glob("*.json") if kept.is_dir() else ():
-            with contextlib.suppress(OSError):
-                shutil.copyfile(path, mine / path.name)
+        if dirs is not None:
+            seed_modelinfos(*dirs)
 
     def _save_modelinfos(self) -> None:
         dirs = self._modelinfo_dirs()
-        if dirs is None:
-            return
-        kept, mine = dirs
-        for path in mine.glob("*.json") if mine.is_dir() else ():
-            target = kept / path.name
-            with contextlib.suppress(OSError):
-                if target.is_file() and target.read_bytes() == path.read_bytes():
-                    continue
-                kept.mkdir(parents=True, exist_ok=True)
-                partial = kept / f".{path.name}.{os.getpid()}.partial"
-                shutil.copyfile(path, partial)
-                os.replace(partial, target)  # atomic: servers of other test workers read it
-
-    def _env(self) -> dict[str, str]:
-        assert self.tmp_dir is not None
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
-        # Names that are no importable package's (a directory "triton" in the server's cwd, which is
-        # on sys.path under `python -m`, would shadow the real one as a namespace package).
-        tmp = self.tmp_dir
-        for sub in ("tmp", "hf-home", "xdg-cache", "vllm-cache", "sglang-cache", "triton-cache", "inductor-cache"):
-            (tmp / sub).mkdir(exist_ok=True)
-        self._seed_modelinfos()
-        env.update({
-            "TMPDIR": str(tmp / "tmp"),
-            "HF_HOME": str(tmp / "hf-home"),
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "XDG_CACHE_HOME": str(tmp / "xdg-cache"),
-            "TRITON_CACHE_DIR": str(tmp / "triton-cache"),
-            "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor-cache"),
-            "VLLM_CACHE_ROOT": str(tmp / "vllm-cache"),
-            "VLLM_CONFIG_ROOT": str(tmp / "vllm-cache"),
-            "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1",
-            "SGLANG_CACHE_DIR": str(tmp / "sglang-cache"),
-            "OUTLINES_CACHE_DIR": str(tmp / "xdg-cache" / "outlines"),
-            "PYTHONUNBUFFERED": "1",
-        })
-        if self.cpu and self.engine == "vllm":
-            env["VLLM_TARGET_DEVICE"] = "cpu"
-        if self.cpu and self.engine == "sglang":
-            env["SGLANG_USE_CPU_ENGINE"] = "1"
-        env.update(self.extra_env)
-        return env
+        if dirs is not None:
+            save_modelinfos(*dirs)
 
     def _wait_healthy(self) -> None:
         assert self.process is not None
@@ -476,13 +302,6 @@ class EngineServer:
                     f"last lines of {self.log_path}:", self.log_tail(60))
             self.process_tree()  # remember the processes as they appear
             time.sleep(0.5)
-
-
-def _kill(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 if __name__ == "__main__":  # a manual smoke run: python -m toolkit.verify.server ENGINE PYTHON MODEL [ARGS...]

@@ -72,7 +72,7 @@ def pytest_configure(config) -> None:
     from tests.harness.fixtures import toolkit_cache_dir
 
     shared = toolkit_cache_dir()
-    # vLLM's model-class inspection kept between the suite's servers (toolkit.verify.server): one less
+    # vLLM's model-class inspection kept between the suite's servers (toolkit.verify.modelinfo_cache): one less
     # vLLM import per server start; shared by the workers (entries are written by rename).
     os.environ.setdefault("TOOLKIT_VLLM_MODELINFO_CACHE", str(shared / "vllm-modelinfos"))
     worker = os.environ.get("PYTEST_XDIST_WORKER")

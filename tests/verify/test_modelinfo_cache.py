@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from toolkit.verify.server import MODELINFO_CACHE_ENV, EngineServer
+from toolkit.verify.modelinfo_cache import MODELINFO_CACHE_ENV
+from toolkit.verify.server import EngineServer
 
 
 def server_in(tmp_path, engine="vllm", version="0.32.0") -> EngineServer:

@@ -19,7 +19,7 @@ import pytest
 
 from toolkit.verify import verify
 from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS, VLLM_VERIFY_ENVS
-from toolkit.verify.server import pid_alive
+from toolkit.verify.processes import pid_alive
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
 

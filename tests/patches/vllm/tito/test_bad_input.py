@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
-CONTEXT = 512  # --max-model-len of the test server (toolkit.verify.server's CPU default)
+CONTEXT = 512  # --max-model-len of the test server (toolkit.verify.server_launch's CPU default)
 VOCAB = 4096
 A = [{"role": "user", "content": "Name three prime numbers."}]
 CANARY = {"messages": [{"role": "user", "content": "def fibonacci(n):"}], "max_tokens": 8, "temperature": 0,
