@@ -23,7 +23,9 @@ import secrets
 from typing import Any
 
 from toolkit.patches.common.spans import SpanError, prompt_char_offsets, resolve_positions
-from toolkit.patches.vllm.patch_sweep.server import HOOKS, BadRequest, Engine, _error, engine_of, parse_layers
+from toolkit.patches.vllm.patch_sweep.bodies import HOOKS, parse_layers
+from toolkit.patches.vllm.patch_sweep.engine import Engine, engine_of
+from toolkit.patches.vllm.patch_sweep.errors import BadRequest, error_response
 from toolkit.patches.vllm.patch_sweep.shared import STEER_KEY, steering_enabled
 
 STEERED_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -145,7 +147,7 @@ class SteeringMiddleware:
                 if isinstance(body, dict) and "steering" in body:
                     raw = json.dumps(await rewrite(engine_of(scope["app"]), body)).encode()
             except BadRequest as exc:
-                return await _error(str(exc), exc.status)(scope, receive, send)
+                return await error_response(str(exc), exc.status)(scope, receive, send)
             except ValueError:
                 pass  # not JSON: vLLM answers that itself
         headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]

@@ -18,47 +18,26 @@ Hook points, in the names of the residual stream (vLLM defers the residual add, 
 A patched row is written as ``hidden = value, residual = 0``, so the next fused add gives exactly
 ``value``; rows of other requests in the batch are never touched. Rows map to requests through the
 model runner's ``input_batch.req_ids`` and ``query_start_loc`` and the absolute ``positions`` fed to
-the layer (chunked prefill works). Stored runs live in this process, bounded in bytes, oldest first out.
+the layer (chunked prefill works). Captures and stored runs live in this process (store.py).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from toolkit.patches.vllm.patch_sweep import store
 from toolkit.patches.vllm.patch_sweep.batched import Executor
 from toolkit.patches.vllm.patch_sweep.shared import PLAN_KEY, STEER_KEY, log
+from toolkit.patches.vllm.patch_sweep.store import STORE
 
 HOOKS = ("pre_attn", "post_attn", "post_block")  # points of the residual stream: captured and patched
 PARTS = ("attn_out", "mlp_out")  # the attention and MLP outputs (what each adds to the stream): captured only
 
-
-
-@dataclass
-class Run:
-    name: str
-    prompt: str
-    token_ids: list[int]
-    acts: dict[tuple[str, int], torch.Tensor]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.acts.values())
-
-    def info(self, with_ids: bool = False) -> dict[str, Any]:
-        layers: dict[str, list[int]] = {}
-        for hook, layer in sorted(self.acts):
-            layers.setdefault(hook, []).append(layer)
-        info: dict[str, Any] = {"name": self.name, "prompt": self.prompt, "num_tokens": len(self.token_ids),
-                                "captured": layers, "bytes": self.nbytes}
-        if with_ids:
-            info["prompt_token_ids"] = list(self.token_ids)
-        return info
 
 
 @dataclass
@@ -79,12 +58,8 @@ class _State:
     first_layer: Any = None
     handles: list[Any] = field(default_factory=list)
     num_layers: int = 0
-    runs: "OrderedDict[str, Run]" = field(default_factory=OrderedDict)
-    pending: dict[str, dict[tuple[str, int], torch.Tensor]] = field(default_factory=dict)
-    max_bytes: int = 256 << 20
     embedding_moments: tuple[float, float, float] = (0.0, 0.0, 0.0)
     step: list[_Active] = field(default_factory=list)
-    layers: list[Any] = field(default_factory=list)
     executor: Any = None  # batched.Executor, built at install
     bypass: bool = False  # the batched sweep drives the layers itself: the hooks stand aside
 
@@ -163,7 +138,7 @@ def _rows_in_chunk(active: _Active, positions: list[int]) -> tuple[list[int], li
 
 def _prepare_patch(active: _Active) -> None:
     plan = active.plan
-    run = STATE.runs.get(plan["run"])
+    run = STORE.runs.get(plan["run"])
     source = run.acts.get((plan["hook"], plan["layer"])) if run is not None else None
     if source is None:
         log().warning("toolkit patch-sweep: run %r has no %s activations at layer %s; request not patched",
@@ -201,7 +176,7 @@ def _add_noise(hidden: torch.Tensor) -> torch.Tensor:
 def _record(active: _Active, hook: str, layer: int, tensor: torch.Tensor) -> None:
     """Copy this step's rows of ``active``'s request from ``tensor`` into its capture buffer."""
     plan = active.plan
-    buffers = STATE.pending.setdefault(plan["capture"], {})
+    buffers = STORE.pending.setdefault(plan["capture"], {})
     buffer = buffers.get((hook, layer))
     if buffer is None:
         buffer = buffers[(hook, layer)] = tensor.new_zeros((int(plan["n"]), tensor.shape[-1]))
@@ -339,7 +314,7 @@ def _runner_of(wrapper: Any) -> Any:
 def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
     """Register the hooks once (idempotent) and take the API server's secret and memory bound."""
     STATE.secret = secret
-    STATE.max_bytes = int(max_bytes)
+    STORE.max_bytes = int(max_bytes)
     if not STATE.handles:
         runner = _runner_of(wrapper)
         model = runner.get_model() if hasattr(runner, "get_model") else runner.model
@@ -352,14 +327,14 @@ def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
         STATE.embedding_moments = _embedding_moments(model, runner)
         STATE.executor = Executor(model, layers)
         log().info("toolkit patch-sweep: forward hooks on %d decoder layers", len(layers))
-    return {"num_layers": STATE.num_layers, "max_bytes": STATE.max_bytes,
+    return {"num_layers": STATE.num_layers, "max_bytes": STORE.max_bytes,
             "embedding_moments": list(STATE.embedding_moments), "batched_unsupported": STATE.executor.unsupported}
 
 
 def _embedding_moments(model: torch.nn.Module, runner: Any) -> tuple[float, float, float]:
     """(count, sum, sum of squares) of this rank's real rows of the token embedding matrix: vLLM pads
     the vocabulary, and with tensor parallelism each rank holds a slice of the rows, so the API server
-    adds every rank's moments up before taking the standard deviation (server.merge_install)."""
+    adds every rank's moments up before taking the standard deviation (engine.merge_install)."""
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if name.split(".")[-1] != "embed_tokens" or not isinstance(weight, torch.Tensor):
@@ -375,63 +350,14 @@ def _embedding_moments(model: torch.nn.Module, runner: Any) -> tuple[float, floa
     return 0.0, 0.0, 0.0
 
 
-def commit(wrapper: Any, key: str, name: str, prompt: str, token_ids: list[int]) -> dict[str, Any]:
-    """Store the finished capture ``key`` as run ``name`` (replacing one of that name), evicting the
-    oldest runs until the stored bytes fit the bound."""
-    acts = STATE.pending.pop(key, None)
-    if not acts:
-        return {"error": f"capture {key} recorded nothing"}
-    run = Run(name, prompt, list(token_ids), acts)
-    if run.nbytes > STATE.max_bytes:
-        return {"error": f"run {name!r} needs {run.nbytes} bytes, more than the store's bound of "
-                         f"{STATE.max_bytes} (TOOLKIT_PATCH_RUNS_MAX_BYTES); capture fewer layers or hooks"}
-    STATE.runs.pop(name, None)
-    evicted = []
-    while STATE.runs and sum(r.nbytes for r in STATE.runs.values()) + run.nbytes > STATE.max_bytes:
-        evicted.append(STATE.runs.popitem(last=False)[0])
-    STATE.runs[name] = run
-    return {**run.info(), "evicted": evicted}
-
-
-def discard(wrapper: Any, key: str) -> None:
-    STATE.pending.pop(key, None)
-
-
-def take(wrapper: Any, key: str, positions: list[int]) -> dict[str, Any]:
-    """The finished capture ``key`` at ``positions`` as plain data ("hook.layer" -> dtype, shape, raw
-    little-endian bytes), and forget it."""
-    acts = STATE.pending.pop(key, None) or {}
-    index = torch.tensor(positions, dtype=torch.long)
-    out = {}
-    for (hook, layer), buffer in acts.items():
-        rows = buffer[index].detach().to("cpu").contiguous()
-        out[f"{hook}.{layer}"] = {"dtype": str(rows.dtype).removeprefix("torch."), "shape": list(rows.shape),
-                                  "data": rows.view(-1).view(torch.uint8).numpy().tobytes()}
-    return out
-
-
-def runs(wrapper: Any) -> dict[str, Any]:
-    return {"runs": [run.info() for run in STATE.runs.values()],
-            "used_bytes": sum(run.nbytes for run in STATE.runs.values()), "max_bytes": STATE.max_bytes}
-
-
-def run(wrapper: Any, name: str) -> dict[str, Any] | None:
-    found = STATE.runs.get(name)
-    return None if found is None else found.info(with_ids=True)
-
-
-def delete(wrapper: Any, name: str) -> bool:
-    return STATE.runs.pop(name, None) is not None
-
-
 def batched_sweep(wrapper: Any, key: str, name: str, hook: str, cells: list[tuple[int, list[int]]],
                   scored: list[int], alpha: float, keep: bool = False) -> dict[str, Any]:
     """Cells of a sweep in this call (batched.py): ``key`` is the capture of the corrupt run's input to
     layer 0 (noise included), ``name`` the stored clean run, ``cells`` ``(layer, positions)``. ``keep``:
     more calls of the same sweep follow (the server discards the capture after the last)."""
-    acts = (STATE.pending.get(key) if keep else STATE.pending.pop(key, None)) or {}
+    acts = (STORE.pending.get(key) if keep else STORE.pending.pop(key, None)) or {}
     embedded = acts.get(("pre_attn", 0))
-    run = STATE.runs.get(name)
+    run = STORE.runs.get(name)
     if embedded is None or run is None:
         return {"error": f"the corrupt run's capture or run {name!r} is gone"}
     if STATE.executor is None or STATE.executor.unsupported:
@@ -451,4 +377,5 @@ def batched_sweep(wrapper: Any, key: str, name: str, hook: str, cells: list[tupl
         STATE.bypass = False
 
 
-RPC = {"install": install, "batched_sweep": batched_sweep, "commit": commit, "discard": discard, "take": take, "runs": runs, "run": run, "delete": delete}
+RPC = {"install": install, "batched_sweep": batched_sweep, "commit": store.commit, "discard": store.discard,
+       "take": store.take, "runs": store.runs, "run": store.run, "delete": store.delete}
