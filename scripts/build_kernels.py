@@ -4,7 +4,7 @@
     ~/.cache/toolkit/venvs/dev/bin/python scripts/build_kernels.py
 
 scripts/test.sh's setup runs it, so no test pays a C++ compile (the kernels are otherwise built at
-first use: ``toolkit.kernels.superlinear.gather.native``). A machine without a C++ compiler is not an
+first use: ``toolkit.kernels.superlinear.gather.native_build``). A machine without a C++ compiler is not an
 error here: the kernels fall back to their torch paths, and this says so in one line.
 """
 

@@ -6,7 +6,8 @@ each query selects).  ``attention_spans`` holds the exact-integer span arithmeti
 Implementations: ``naive`` (dense masks, tests only), ``gather`` (PyTorch, CPU and fallback),
 ``triton`` (GPU kernels).
 
-Over an engine's paged KV cache (``paged``): ``PagedKV`` (blocks + block table, or a token pool),
+Over an engine's paged KV cache (``paged``; ``paged_kv``, ``paged_layout`` and ``paged_cpu`` behind it):
+``PagedKV`` (blocks + block table, or a token pool),
 ``superlinear_attention_paged`` (ragged serving batches) and ``superlinear_decode_paged`` (one
 query per request; the Triton path is CUDA-graph capturable).
 """

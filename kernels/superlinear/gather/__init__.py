@@ -4,7 +4,9 @@ The CPU implementation and the fallback on any device, laid out like the Triton 
 (stripe search and exact top-k), ``partials`` (softmax partials of the window and the spans),
 ``merge`` (log-sum-exp merge and score gate), ``prefill`` and ``decode`` (the entry points), and
 ``common`` (sizes, scratch buffers, input preparation).  Work per query is O(sqrt t) (stripes,
-spans) plus the window.
+spans) plus the window.  Where a C++ compiler is, ``native`` (stripe search) and ``native_spans``
+(span attention) run compiled kernels instead (C++ in ``csrc/``, built at first use by
+``native_build``).
 """
 
 from .decode import gather_superlinear_decode

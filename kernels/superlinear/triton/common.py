@@ -192,9 +192,21 @@ def load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D: tl.co
 
 
 @triton.jit
-def insert_block_best(ts, ta, s, a, ok, TOPK: tl.constexpr):
-    """Move a block's k best candidates (scores ``s``, anchors ``a``, where ``ok``) into one top-k set,
-    one at a time (best of block; ties: the farther anchor)."""
+def stripe_block(STRIPE, pos, j0, n, BLOCK_S: tl.constexpr):
+    """Anchors ``[BLOCK_S]`` of stripes ``j0 ..`` of the ``n`` of a decode query at ``pos``, and which
+    of them are keys (in range, not before position 0)."""
+    js = j0 + tl.arange(0, BLOCK_S)
+    ok = js < n
+    a = pos + 1 - tl.load(STRIPE + js, mask=ok, other=0)
+    return a, ok & (a >= 0)
+
+
+@triton.jit
+def insert_block_best(ts, ta, q, kr, a, ok, TOPK: tl.constexpr):
+    """Score a block of stripe keys ``kr`` ``[BLOCK_S, BLOCK_D]`` (anchors ``a``, where ``ok``) against
+    the query row ``q`` and move the block's k best into one top-k set, one at a time (best of block;
+    ties: the farther anchor)."""
+    s = tl.where(ok, tl.sum(q[None, :] * kr, 1), float("-inf"))
     for r in tl.static_range(TOPK):
         best = tl.max(s, 0)
         best_anchor = tl.min(tl.where(ok & (s == best), a, 2147483647), 0)

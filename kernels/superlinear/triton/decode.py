@@ -40,6 +40,7 @@ from .common import (
     row_softmax_step,
     store_split_partial,
     store_topk,
+    stripe_block,
 )
 
 BLOCK_S = 64  # stripes scored per step
@@ -67,16 +68,12 @@ def _decode_search_kernel(
     slot, ts, ta = empty_topk_row(KPAD, TOPK)
     n = tl.load(COUNT + pos)
     for j0 in range(0, n, BLOCK_S):
-        js = j0 + tl.arange(0, BLOCK_S)
-        ok = js < n
-        a = pos + 1 - tl.load(STRIPE + js, mask=ok, other=0)
-        ok = ok & (a >= 0)
+        a, ok = stripe_block(STRIPE, pos, j0, n, BLOCK_S)
         if HAS_MASK:
             ok = ok & (tl.load(KEY_MASK + b * stride_mb + a, mask=ok, other=0) != 0)
         kr = tl.load(k_ptr + a[:, None].to(tl.int64) * stride_kl + d[None, :] * stride_kd,
                      mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.where(ok, tl.sum(q[None, :] * kr, 1), float("-inf"))
-        ts, ta = insert_block_best(ts, ta, s, a, ok, TOPK)
+        ts, ta = insert_block_best(ts, ta, q, kr, a, ok, TOPK)
     store_topk(ANCHOR, SCORE, pid.to(tl.int64) * TOPK + slot, slot < TOPK, ts, ta)
 
 

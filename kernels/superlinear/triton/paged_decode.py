@@ -1,6 +1,6 @@
 """Triton decode over a paged cache: one query per request, K/V read through the block table.
 
-``decode.py``'s three launches with paged addressing (``paged_common.paged_offsets``):
+``decode.py``'s three launches with paged addressing (``paged_common``):
 
 1. ``_paged_decode_search_kernel`` (per (request, query head)): scores the stripe keys of position
    ``seq_len - 1`` block by block and keeps the exact top-k;
@@ -34,49 +34,36 @@ from .common import (
     row_softmax_step,
     store_split_partial,
     store_topk,
+    stripe_block,
 )
 from .decode import BLOCK_K, BLOCK_S, _decode_merge_kernel, decode_splits
-from .paged_common import cache_args, decode_request, paged_offsets
+from .paged_common import decode_request, load_paged_rows, paged_cache
 
 
 @triton.jit
 def _paged_decode_search_kernel(
-    Q, K, K_PERM, BT, REQ_ROW, SEQ_LEN, STRIPE, COUNT, ANCHOR, SCORE,
-    stride_qb, stride_qh, stride_qd,
-    stride_k_block, stride_k_head, stride_k_token, stride_k_dim,
-    stride_bt,
-    H, G, DIM,
-    BLOCK_SIZE: tl.constexpr, K_HAS_PERM: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q, K, BT, REQ_ROW, SEQ_LEN, STRIPE, COUNT, ANCHOR, SCORE,
+    stride_qb, stride_qh, stride_qd, stride_bt, H, G, DIM,
+    TOPK: tl.constexpr, KPAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b, h, kvh, pos, table_base = decode_request(SEQ_LEN, REQ_ROW, stride_bt, pid, H, G)
     q, d, d_ok = load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D)
-    k_head = K + kvh.to(tl.int64) * stride_k_head
+    k_head = K.data + kvh.to(tl.int64) * K.stride_head
     slot, ts, ta = empty_topk_row(KPAD, TOPK)
     n = tl.where(pos >= 0, tl.load(COUNT + tl.maximum(pos, 0)), 0)
     for j0 in range(0, n, BLOCK_S):
-        js = j0 + tl.arange(0, BLOCK_S)
-        ok = js < n
-        a = pos + 1 - tl.load(STRIPE + js, mask=ok, other=0)
-        ok = ok & (a >= 0)
-        offs = paged_offsets(BT, table_base, a, ok, d, K_PERM, stride_k_block, stride_k_token, stride_k_dim,
-                             DIM, BLOCK_SIZE, K_HAS_PERM)
-        kr = tl.load(k_head + offs, mask=ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        s = tl.where(ok, tl.sum(q[None, :] * kr, 1), float("-inf"))
-        ts, ta = insert_block_best(ts, ta, s, a, ok, TOPK)
+        a, ok = stripe_block(STRIPE, pos, j0, n, BLOCK_S)
+        kr = load_paged_rows(K, k_head, BT, table_base, a, ok, d, d_ok, DIM).to(tl.float32)
+        ts, ta = insert_block_best(ts, ta, q, kr, a, ok, TOPK)
     store_topk(ANCHOR, SCORE, pid.to(tl.int64) * TOPK + slot, slot < TOPK, ts, ta)
 
 
 @triton.jit
 def _paged_decode_span_kernel(
-    Q, K, V, K_PERM, V_PERM, BT, REQ_ROW, SEQ_LEN, ANCHOR, BACK, FWD, PART_LSE, PART_OUT,
-    stride_qb, stride_qh, stride_qd,
-    stride_k_block, stride_k_head, stride_k_token, stride_k_dim,
-    stride_v_block, stride_v_head, stride_v_token, stride_v_dim,
-    stride_bt,
+    Q, K, V, BT, REQ_ROW, SEQ_LEN, ANCHOR, BACK, FWD, PART_LSE, PART_OUT,
+    stride_qb, stride_qh, stride_qd, stride_bt,
     H, G, DIM, WINDOW, MAX_T, SPLIT, N_SPLIT, scale,
-    BLOCK_SIZE: tl.constexpr, K_HAS_PERM: tl.constexpr, V_HAS_PERM: tl.constexpr,
     TOPK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -86,19 +73,14 @@ def _paged_decode_span_kernel(
     # No left padding in a serving cache: the first real key is 0.
     lo, hi = decode_part_range(ANCHOR, BACK, FWD, pid, part, split, pos, 0, WINDOW, MAX_T, SPLIT, TOPK)
     q, d, d_ok = load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D)
-    k_head = K + kvh.to(tl.int64) * stride_k_head
-    v_head = V + kvh.to(tl.int64) * stride_v_head
+    k_head = K.data + kvh.to(tl.int64) * K.stride_head
+    v_head = V.data + kvh.to(tl.int64) * V.stride_head
     m_i, l_i, acc = empty_row_softmax(BLOCK_K, BLOCK_D)
     for k0 in range(lo, hi + 1, BLOCK_K):
         kpos = k0 + tl.arange(0, BLOCK_K)
         k_ok = kpos <= hi
-        kd_ok = k_ok[:, None] & d_ok[None, :]
-        k_offs = paged_offsets(BT, table_base, kpos, k_ok, d, K_PERM, stride_k_block, stride_k_token,
-                               stride_k_dim, DIM, BLOCK_SIZE, K_HAS_PERM)
-        v_offs = paged_offsets(BT, table_base, kpos, k_ok, d, V_PERM, stride_v_block, stride_v_token,
-                               stride_v_dim, DIM, BLOCK_SIZE, V_HAS_PERM)
-        kt = tl.load(k_head + k_offs, mask=kd_ok, other=0.0).to(tl.float32)
-        vt = tl.load(v_head + v_offs, mask=kd_ok, other=0.0).to(tl.float32)
+        kt = load_paged_rows(K, k_head, BT, table_base, kpos, k_ok, d, d_ok, DIM).to(tl.float32)
+        vt = load_paged_rows(V, v_head, BT, table_base, kpos, k_ok, d, d_ok, DIM).to(tl.float32)
         m_i, l_i, acc = row_softmax_step(m_i, l_i, acc, q, kt, vt, k_ok, scale)
     store_split_partial(PART_LSE, PART_OUT, pid, part, split, N_SPLIT, DIM, d, d_ok, m_i, l_i, acc, TOPK)
 
@@ -114,8 +96,8 @@ def triton_superlinear_decode_paged(q1: torch.Tensor, q2: torch.Tensor, kv, para
     if batch == 0:
         return out
     geo = span_geometry(params, max_seq_len, device, torch.int32)
-    k, k_perm, *k_strides, k_has_perm = cache_args(kv, "key")
-    v, v_perm, *v_strides, v_has_perm = cache_args(kv, "value")
+    k = paged_cache(kv, "key")
+    v = paged_cache(kv, "value")
     block_table = kv.block_table
     req_rows = kv.request_table_rows()
     seq_lens = kv.seq_lens.to(device=device, dtype=torch.int32)
@@ -124,20 +106,16 @@ def triton_superlinear_decode_paged(q1: torch.Tensor, q2: torch.Tensor, kv, para
     anchor = torch.empty((batch, heads, topk), dtype=torch.int32, device=device)
     score = torch.empty((batch, heads, topk), dtype=torch.float32, device=device)
     _paged_decode_search_kernel[(batch * heads,)](
-        q1, k, k_perm, block_table, req_rows, seq_lens, geo.stripe_distance, geo.stripe_count, anchor, score,
-        *q1.stride(), *k_strides, block_table.stride(0), heads, group, dim,
-        BLOCK_SIZE=kv.block_size, K_HAS_PERM=k_has_perm, TOPK=topk, KPAD=triton.next_power_of_2(topk),
-        BLOCK_S=BLOCK_S, BLOCK_D=bd, num_warps=4,
+        q1, k, block_table, req_rows, seq_lens, geo.stripe_distance, geo.stripe_count, anchor, score,
+        *q1.stride(), block_table.stride(0), heads, group, dim,
+        TOPK=topk, KPAD=triton.next_power_of_2(topk), BLOCK_S=BLOCK_S, BLOCK_D=bd, num_warps=4,
     )
     n_split, split = decode_splits(params, max_seq_len)
     part_lse = torch.empty((batch * heads * (topk + 1) * n_split,), dtype=torch.float32, device=device)
     part_out = torch.empty((batch * heads * (topk + 1) * n_split, dim), dtype=torch.float32, device=device)
     _paged_decode_span_kernel[(batch * heads, topk + 1, n_split)](
-        q2, k, v, k_perm, v_perm, block_table, req_rows, seq_lens, anchor, geo.backward_len, geo.forward_len,
-        part_lse, part_out,
-        *q2.stride(), *k_strides, *v_strides, block_table.stride(0),
-        heads, group, dim, geo.window, geo.max_len, split, n_split, scale,
-        BLOCK_SIZE=kv.block_size, K_HAS_PERM=k_has_perm, V_HAS_PERM=v_has_perm,
+        q2, k, v, block_table, req_rows, seq_lens, anchor, geo.backward_len, geo.forward_len, part_lse, part_out,
+        *q2.stride(), block_table.stride(0), heads, group, dim, geo.window, geo.max_len, split, n_split, scale,
         TOPK=topk, BLOCK_K=BLOCK_K, BLOCK_D=bd, num_warps=4,
     )
     _decode_merge_kernel[(batch * heads,)](

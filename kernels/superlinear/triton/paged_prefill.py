@@ -44,19 +44,15 @@ from .common import (
     store_topk,
     tile_pairs,
 )
-from .paged_common import cache_args, paged_offsets
+from .paged_common import load_paged_rows, paged_cache
 from .prefill import _canonical_order
 
 
 @triton.jit
 def _paged_search_kernel(
-    Q, K, K_PERM, BT, TOKEN_ROW, POS, STRIPE, COUNT, ANCHOR, SCORE,
-    stride_qt, stride_qh, stride_qd,
-    stride_k_block, stride_k_head, stride_k_token, stride_k_dim,
-    stride_bt,
-    T, G, DIM,
-    BLOCK_SIZE: tl.constexpr, K_HAS_PERM: tl.constexpr, TOPK: tl.constexpr, KPAD: tl.constexpr,
-    GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q, K, BT, TOKEN_ROW, POS, STRIPE, COUNT, ANCHOR, SCORE,
+    stride_qt, stride_qh, stride_qd, stride_bt, T, G, DIM,
+    TOPK: tl.constexpr, KPAD: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # Rows r = g * BLOCK_Q + i: query head kvh * G + g of token i of the block (as search.py); the
     # tokens of a block may belong to different requests, so each has its own block-table row.
@@ -70,16 +66,14 @@ def _paged_search_kernel(
     rows, row_ok, h, d, d_ok = group_rows(pid_q, kvh, T, G, DIM, GP, BLOCK_Q, BLOCK_D)
     q = tl.load(Q + rows[:, None].to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
                 + d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-    k_head = K + kvh.to(tl.int64) * stride_k_head
+    k_head = K.data + kvh.to(tl.int64) * K.stride_head
 
     slot, ts, ta = empty_topk(GP * BLOCK_Q, KPAD, TOPK)
     n = tl.load(COUNT + tl.max(tl.maximum(qpos, 0), 0))
     for j in range(0, n):
         a_q = qpos + 1 - tl.load(STRIPE + j)
         ok_q = t_ok & (a_q >= 0)
-        offs = paged_offsets(BT, table_base, a_q, ok_q, d, K_PERM, stride_k_block, stride_k_token, stride_k_dim,
-                             DIM, BLOCK_SIZE, K_HAS_PERM)
-        kr = tl.load(k_head + offs, mask=ok_q[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+        kr = load_paged_rows(K, k_head, BT, table_base, a_q, ok_q, d, d_ok, DIM).to(tl.float32)
         ts, ta = insert_group_candidates(ts, ta, q, kr, a_q, ok_q, row_ok, GP, BLOCK_Q, BLOCK_D)
 
     out = (h[:, None].to(tl.int64) * T + rows[:, None]) * TOPK + slot[None, :]
@@ -88,14 +82,8 @@ def _paged_search_kernel(
 
 @triton.jit
 def _paged_span_tile_kernel(
-    Q, K, V, K_PERM, V_PERM, BT, REQ_ROW, SEQ_LEN,
-    PAIR_IDS, TILE_GROUP, TILE_FIRST, TILE_NBLK, SPAN_LO, SPAN_HI, LSE, OUT,
-    stride_qt, stride_qh, stride_qd,
-    stride_k_block, stride_k_head, stride_k_token, stride_k_dim,
-    stride_v_block, stride_v_head, stride_v_token, stride_v_dim,
-    stride_bt,
-    T, KP, HKV, DIM, scale,
-    BLOCK_SIZE: tl.constexpr, K_HAS_PERM: tl.constexpr, V_HAS_PERM: tl.constexpr,
+    Q, K, V, BT, REQ_ROW, SEQ_LEN, PAIR_IDS, TILE_GROUP, TILE_FIRST, TILE_NBLK, SPAN_LO, SPAN_HI, LSE, OUT,
+    stride_qt, stride_qh, stride_qd, stride_bt, T, KP, HKV, DIM, scale,
     TILE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     nblk, first, req, kvh, ids, ok, lo, hi = tile_pairs(PAIR_IDS, TILE_GROUP, TILE_FIRST, TILE_NBLK, SPAN_LO,
@@ -109,20 +97,15 @@ def _paged_span_tile_kernel(
     d_ok = d < DIM
     q = tl.load(Q + token[:, None].to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
                 + d[None, :] * stride_qd, mask=ok[:, None] & d_ok[None, :], other=0.0)
-    k_head = K + kvh.to(tl.int64) * stride_k_head
-    v_head = V + kvh.to(tl.int64) * stride_v_head
+    k_head = K.data + kvh.to(tl.int64) * K.stride_head
+    v_head = V.data + kvh.to(tl.int64) * V.stride_head
 
     m_i, l_i, acc = empty_softmax(TILE, BLOCK_D)
     for blk in range(0, nblk):
         kpos = (first + blk) * BLOCK_K + tl.arange(0, BLOCK_K)
         k_ok = kpos < seq_len
-        kd_ok = k_ok[:, None] & d_ok[None, :]
-        k_offs = paged_offsets(BT, table_base, kpos, k_ok, d, K_PERM, stride_k_block, stride_k_token,
-                               stride_k_dim, DIM, BLOCK_SIZE, K_HAS_PERM)
-        v_offs = paged_offsets(BT, table_base, kpos, k_ok, d, V_PERM, stride_v_block, stride_v_token,
-                               stride_v_dim, DIM, BLOCK_SIZE, V_HAS_PERM)
-        kt = tl.load(k_head + k_offs, mask=kd_ok, other=0.0).to(q.dtype)
-        vt = tl.load(v_head + v_offs, mask=kd_ok, other=0.0).to(q.dtype)
+        kt = load_paged_rows(K, k_head, BT, table_base, kpos, k_ok, d, d_ok, DIM).to(q.dtype)
+        vt = load_paged_rows(V, v_head, BT, table_base, kpos, k_ok, d, d_ok, DIM).to(q.dtype)
         m_i, l_i, acc = masked_tile_step(m_i, l_i, acc, q, kt, vt, kpos, k_ok, lo, hi, scale, DOT_PRECISION)
     store_pair_partials(LSE, OUT, ids, ok, d, d_ok, DIM, m_i, l_i, acc)
 
@@ -187,8 +170,8 @@ def triton_superlinear_attention_paged(q1: torch.Tensor, q2: torch.Tensor, kv, q
     req_rows = kv.request_table_rows()
     token_rows = req_rows[req].contiguous()
     pos32 = pos.to(torch.int32).contiguous()
-    k, k_perm, *k_strides, k_has_perm = cache_args(kv, "key")
-    v, v_perm, *v_strides, v_has_perm = cache_args(kv, "value")
+    k = paged_cache(kv, "key")
+    v = paged_cache(kv, "value")
     block_table = kv.block_table
     bd = block_dim(dim)
 
@@ -199,11 +182,9 @@ def triton_superlinear_attention_paged(q1: torch.Tensor, q2: torch.Tensor, kv, q
     rows_per_program = 512 if interpreting() else (128 if bd <= 64 else 64)
     block_q = max(16, rows_per_program // gp)
     _paged_search_kernel[(kv_heads, triton.cdiv(num_tokens, block_q))](
-        q1, k, k_perm, block_table, token_rows, pos32, geo32.stripe_distance, geo32.stripe_count, anchor, score,
-        *q1.stride(), k_strides[0], k_strides[1], k_strides[2], k_strides[3], block_table.stride(0),
-        num_tokens, group, dim,
-        BLOCK_SIZE=kv.block_size, K_HAS_PERM=k_has_perm, TOPK=topk, KPAD=triton.next_power_of_2(topk),
-        GP=gp, BLOCK_Q=block_q, BLOCK_D=bd, num_warps=4,
+        q1, k, block_table, token_rows, pos32, geo32.stripe_distance, geo32.stripe_count, anchor, score,
+        *q1.stride(), block_table.stride(0), num_tokens, group, dim,
+        TOPK=topk, KPAD=triton.next_power_of_2(topk), GP=gp, BLOCK_Q=block_q, BLOCK_D=bd, num_warps=4,
     )
     anchor, score = _canonical_order(anchor.long()[None], score[None], max_len)  # [1, H, T, k]
 
@@ -229,12 +210,9 @@ def triton_superlinear_attention_paged(q1: torch.Tensor, q2: torch.Tensor, kv, q
     part_out = torch.zeros((num_pairs, dim), dtype=torch.float32, device=device)
     seq_lens32 = kv.seq_lens.to(device=device, dtype=torch.int32)
     _paged_span_tile_kernel[(tiles.pair_ids.shape[0],)](
-        q2, k, v, k_perm, v_perm, block_table, req_rows, seq_lens32,
-        tiles.pair_ids, tiles.group, tiles.first_block, tiles.num_blocks,
+        q2, k, v, block_table, req_rows, seq_lens32, tiles.pair_ids, tiles.group, tiles.first_block, tiles.num_blocks,
         range_lo.to(torch.int32), range_hi.to(torch.int32), lse, part_out,
-        *q2.stride(), *k_strides, *v_strides, block_table.stride(0),
-        num_tokens, kp, kv_heads, dim, scale,
-        BLOCK_SIZE=kv.block_size, K_HAS_PERM=k_has_perm, V_HAS_PERM=v_has_perm,
+        *q2.stride(), block_table.stride(0), num_tokens, kp, kv_heads, dim, scale,
         TILE=tile_pairs, BLOCK_K=block_k, BLOCK_D=bd, DOT_PRECISION=dot_precision(q2.dtype),
         num_warps=4 if bd <= 64 else 8,
     )
