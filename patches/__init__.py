@@ -9,8 +9,6 @@ engine process and must not drag libcst and the patch engine in with it.
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,38 +30,11 @@ def _own_first(entry) -> int:
     return 0 if name == OWN_DISTRIBUTION else 1
 
 
-_found: tuple[tuple, list[Patch]] | None = None
-
-
-def _installed_state() -> tuple:
-    """What the entry points depend on: the import path, each of its folders' mtime and link count
-    (installing or removing a distribution adds or removes a dist-info folder there, which a coarse
-    mtime clock can miss but the link count cannot) and the lookup function itself."""
-    from importlib import metadata
-
-    state: list = [id(metadata.entry_points)]
-    for entry in sys.path:
-        try:
-            info = os.stat(entry or ".")
-            state.append((entry, info.st_mtime_ns, info.st_nlink))
-        except OSError:
-            state.append((entry, None))
-    return tuple(state)
-
-
 def all_patches() -> list[Patch]:
     """Every registered patch: this project's in the order pyproject.toml lists them (patches that edit
-    the same file are applied in that order), then other packages' patches.
-
-    Remembered while the installed distributions stay the same: reading every distribution's metadata
-    takes ~13 ms, and one apply or status asks for the registry many times."""
-    global _found
-    state = _installed_state()
-    if _found is not None and _found[0] == state:
-        return list(_found[1])
-    patches = _load_patches()
-    _found = (state, patches)
-    return list(patches)
+    the same file are applied in that order), then other packages' patches. Read afresh on each call
+    (~13 ms): a command asks once, at its edge (``toolkit.patch_registry.select``)."""
+    return _load_patches()
 
 
 def _load_patches() -> list[Patch]:

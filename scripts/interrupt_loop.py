@@ -48,15 +48,16 @@ def build_site(release: str, patch_id: str, work: Path) -> tuple[str, Path, list
     dist-info and the files ``patch_id`` edits, and sees this interpreter's site-packages for toolkit."""
     import site as site_module
 
-    from toolkit.engine import patches_for
+    from toolkit import patch_registry
     from tests.harness.fixtures import ensure_source_tree
 
     dist, version = release.split("==")
     source = ensure_source_tree(dist, version)
     package = "vllm" if dist.startswith("vllm") else "sglang"
-    relpaths = sorted({e.relpath for p in patches_for(package, [patch_id]) for e in p.files})
+    catalog = patch_registry.catalog(package)
+    relpaths = sorted({e.relpath for p in catalog.select([patch_id]) for e in p.files})
     # every file any patch of the engine edits: repair checks them all against pip's RECORD
-    present = sorted({e.relpath for p in patches_for(package) for e in p.files if (source / package / e.relpath).is_file()})
+    present = sorted(r for r in catalog.relpaths() if (source / package / r).is_file())
     venv = work / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     site = Path(next((venv / "lib").glob("python3*/site-packages")))

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import difflib
+import contextlib
 import math
 import sys
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
 from toolkit import engine as _engine
-from toolkit import patch_registry
 from toolkit.discovery import InstalledEngine, find_engines, interpreter
-from toolkit.engine import PatchState
+from toolkit.engine import PatchState, Result
 from toolkit.errors import UsageError
+from toolkit.patch_registry import Selection, select
 
 if TYPE_CHECKING:
     from toolkit.repair import FetchRelease, RepairResult
@@ -21,51 +21,23 @@ def resolve_engines(
     engine: str | None = None, patches: Sequence[str] | None = None, python: str | None = None
 ) -> list[InstalledEngine]:
     """The installed engines a command is about: the one named, the ones ``patches`` belong to, or all."""
-    check_engine(engine)
-    if patches:
-        _check_patch_ids(engine, patches)
-    installed = find_engines(python)
-    if engine is not None:
-        return [e for e in installed if e.engine == engine]
-    if patches:
-        engines_of = {p.engine for p in patch_registry.registry() if p.id in patches}
-        return [e for e in installed if e.engine in engines_of]
-    return installed
+    return engines_of(select(engine, patches), python)
 
 
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+def engines_of(selection: Selection, python: str | None) -> list[InstalledEngine]:
+    """The installed engines of ``python`` that ``selection`` is about."""
+    wanted = selection.engines()
+    return [e for e in find_engines(python) if e.engine in wanted]
 
 
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """ "; did you mean X?" for a near miss among ``choices``, else ""."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def check_engine(engine: str | None) -> None:
-    if engine is not None and engine not in ENGINE_NAMES:
-        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang{did_you_mean(str(engine), list(ENGINE_NAMES))}")
-
-
-def wanted_engines(engine: str | None, patches: Sequence[str] | None) -> str:
-    """The engine(s) a command asks for, as users write them: "vLLM", "SGLang" or "vLLM or SGLang"."""
-    if engine is not None:
-        names = {engine}
-    elif patches:
-        names = {p.engine for p in patch_registry.registry() if p.id in patches}
-    else:
-        names = set(ENGINE_NAMES)
-    return " or ".join(ENGINE_NAMES.get(name, name) for name in sorted(names, key=list(ENGINE_NAMES).index)) or "vLLM or SGLang"
-
-
-def installed_engines(engine: str | None, patches: Sequence[str] | None, python: str | None, *,
+def installed_engines(selection: Selection, python: str | None, *,
                       python_option: str = "python=PATH") -> list[InstalledEngine]:
-    """:func:`resolve_engines`, but none installed is a usage error naming what is missing and where
+    """:func:`engines_of`, but none installed is a usage error naming what is missing and where
     (``python_option``: how the caller names the interpreter option, ``--python PATH`` on the CLI)."""
-    engines = resolve_engines(engine, patches, python)
+    engines = engines_of(selection, python)
     if not engines:
         where = interpreter(python) or sys.executable
-        raise UsageError(f"{wanted_engines(engine, patches)} is not installed for {where}; install it or pass "
+        raise UsageError(f"{selection.wanted_engines()} is not installed for {where}; install it or pass "
                          f"{python_option} (the engine's interpreter)")
     return engines
 
@@ -89,28 +61,36 @@ def check_lock_timeout(lock_timeout: object) -> float:
     return float(lock_timeout)  # type: ignore[arg-type]
 
 
-def _check_patch_ids(engine: str | None, patches: Sequence[str]) -> None:
-    """Every id names a known patch, and one of ``engine``'s when an engine is named: a patch id of
-    another engine must never widen the command to all of this engine's patches."""
-    engines_of: dict[str, set[str]] = {}
-    for p in patch_registry.registry():
-        engines_of.setdefault(p.id, set()).add(p.engine)
-    unknown = sorted(set(patches) - set(engines_of))
-    if unknown:
-        hint = did_you_mean(unknown[0], sorted(engines_of)) if len(unknown) == 1 else ""
-        raise UsageError(f"unknown patch: {', '.join(unknown)}{hint} (see `toolkit list`)")
-    if engine is not None:
-        foreign = sorted(pid for pid in set(patches) if engine not in engines_of[pid])
-        if foreign:
-            owners = ", ".join(f"{pid} is {'/'.join(sorted(engines_of[pid]))}'s" for pid in foreign)
-            raise UsageError(f"not a patch of {engine}: {owners} (see `toolkit list {engine}`)")
+# Called around each engine's apply or revert (the CLI's spinner); returns a context manager.
+Around = Callable[[InstalledEngine], ContextManager[object]]
 
 
-def ids_for(engine: InstalledEngine, patches: Sequence[str] | None) -> list[str] | None:
-    """The ids of ``patches`` that belong to ``engine`` (None: no --patch given, every patch)."""
-    if not patches:
-        return None
-    return [pid for pid in patches if any(p.id == pid and p.engine == engine.engine for p in patch_registry.registry())]
+def _no_spinner(installed: InstalledEngine) -> ContextManager[object]:
+    return contextlib.nullcontext()
+
+
+def _each(verb: Callable[..., Result], selection: Selection, python: str | None, python_option: str,
+          around: Around, options: dict) -> list[Result]:
+    results = []
+    for installed in installed_engines(selection, python, python_option=python_option):
+        with around(installed):
+            results.append(verb(installed, selection.named(installed.engine),
+                                catalog=selection.catalog(installed.engine), **options))
+    return results
+
+
+def apply_each(selection: Selection, python: str | None = None, *, python_option: str = "python=PATH",
+               around: Around = _no_spinner, **options: object) -> list[Result]:
+    """Apply ``selection`` to each installed engine it is about (``options``: :func:`toolkit.engine.apply`'s
+    force, dry_run, allow_unknown_version, lock_timeout); one :class:`Result` per engine."""
+    return _each(_engine.apply, selection, python, python_option, around, options)
+
+
+def revert_each(selection: Selection, python: str | None = None, *, python_option: str = "python=PATH",
+                around: Around = _no_spinner, **options: object) -> list[Result]:
+    """Revert ``selection`` (no patch named: every patch) on each installed engine it is about
+    (``options``: :func:`toolkit.engine.revert`'s force, dry_run, lock_timeout)."""
+    return _each(_engine.revert, selection, python, python_option, around, options)
 
 
 def apply_patch(
@@ -130,12 +110,9 @@ def apply_patch(
     """
     check_patches_arg(patches)
     lock_timeout = check_lock_timeout(lock_timeout)
-    changed = False
-    for installed in installed_engines(engine, patches, python):
-        result = _engine.apply(installed, ids_for(installed, patches), allow_unknown_version=allow_unknown_version,
-                               force=force, lock_timeout=lock_timeout)
-        changed = changed or bool(result.changed)
-    return changed
+    results = apply_each(select(engine, patches), python, allow_unknown_version=allow_unknown_version, force=force,
+                         lock_timeout=lock_timeout)
+    return any(result.changed for result in results)
 
 
 def revert_patch(
@@ -150,19 +127,19 @@ def revert_patch(
     changed since they were patched are overwritten too, but only those the named patches edit."""
     check_patches_arg(patches)
     lock_timeout = check_lock_timeout(lock_timeout)
-    changed = False
-    for installed in installed_engines(engine, patches, python):
-        result = _engine.revert(installed, ids_for(installed, patches), force=force, lock_timeout=lock_timeout)
-        changed = changed or bool(result.changed)
-    return changed
+    results = revert_each(select(engine, patches), python, force=force, lock_timeout=lock_timeout)
+    return any(result.changed for result in results)
 
 
 def patch_status(engine: str | None = None, python: str | None = None) -> list[PatchState]:
     """One row per installed engine and patch: ``not applied``, ``applied``, ``partial`` or ``drifted``."""
-    rows: list[PatchState] = []
-    for installed in resolve_engines(engine, None, python):
-        rows.extend(_engine.status(installed))
-    return rows
+    return [row for _, rows in status_each(select(engine), python) for row in rows]
+
+
+def status_each(selection: Selection, python: str | None) -> list[tuple[InstalledEngine, list[PatchState]]]:
+    """Each installed engine ``selection`` is about, with its status rows."""
+    return [(installed, _engine.status(installed, catalog=selection.catalog(installed.engine)))
+            for installed in engines_of(selection, python)]
 
 
 def repair_engines(
@@ -178,10 +155,11 @@ def repair_engines(
     from toolkit.discovery import site_dirs
     from toolkit.repair import RepairResult, orphan_states, repair
 
-    check_engine(engine)
+    selection = select(engine)
     lock_timeout = check_lock_timeout(lock_timeout)
     installed = find_engines(python)
-    results = [repair(e, fetch, lock_timeout) for e in installed if engine in (None, e.engine)]
+    results = [repair(e, fetch, lock_timeout, catalog=selection.catalog(e.engine))
+               for e in installed if engine in (None, e.engine)]
     for state in orphan_states(site_dirs(python), installed):
         name = state.root.name
         if engine in (None, name):

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from toolkit.errors import PatchError
 from toolkit.sources import SourceTree
-from toolkit.patch_registry import patches_for
+from toolkit import patch_registry
 
 
 @dataclass
@@ -44,7 +44,7 @@ def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> 
     from toolkit.transform import run_transformers  # libcst
 
     results = []
-    candidates = patches_for(source.engine, patch_ids)
+    candidates = patch_registry.catalog(source.engine).select(patch_ids)
     if not patch_ids and any(p.supports(source.version) for p in candidates):
         candidates = [p for p in candidates if p.supports(source.version)]
     for patch in candidates:

@@ -18,12 +18,14 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.markup import escape
 
+from toolkit import api
 from toolkit import cli_output as out
 from toolkit import engine as _engine
 from toolkit import patch_registry
-from toolkit.api import did_you_mean, ids_for, installed_engines, resolve_engines
+from toolkit.api import apply_each, engines_of, installed_engines, revert_each, select
 from toolkit.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
+from toolkit.patch_registry import did_you_mean
 from toolkit.patches import RegistryError
 from toolkit.sources import load_source
 from toolkit.version import __version__
@@ -183,19 +185,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def skipped_patches(installed: InstalledEngine) -> list[dict[str, str]]:
-    """The engine's patches an apply without --patch leaves out: not needed on this release (the engine
-    serves the feature itself), or not proved on it."""
-    skipped = []
-    for patch in _engine.patches_for(installed.engine):
-        if patch.supports(installed.version):
-            continue
-        why = patch.not_needed_on(installed.version)
-        skipped.append({"patch": patch.id, "reason": "not needed" if why else "not proved",
-                        "detail": why or f"declares {patch.versions}"})
-    return skipped
-
-
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     patches = [p for p in patch_registry.registry() if args.engine in (None, p.engine)]
     if args.json:
@@ -211,19 +200,22 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
     reverting = args.command == "revert"
-    rows = []
-    for installed in installed_engines(args.engine, args.patches, args.python, python_option=PYTHON_OPTION):
-        ids = ids_for(installed, args.patches)
-        quiet = args.json or args.quiet
-        with contextlib.nullcontext() if quiet else console.status(
-                f"{'reverting' if reverting else 'patching'} {installed.engine} {installed.version}...", spinner="dots"):
-            if reverting:
-                result = _engine.revert(installed, ids, force=args.force, dry_run=args.dry_run, lock_timeout=args.lock_timeout)
-            else:
-                result = _engine.apply(installed, ids, force=args.force, dry_run=args.dry_run,
-                                       allow_unknown_version=args.allow_unknown_version, lock_timeout=args.lock_timeout)
-        skip = reverting or args.patches or args.allow_unknown_version
-        rows.append((installed, result, [] if skip else skipped_patches(installed)))
+    quiet = args.json or args.quiet
+
+    def spinner(installed: InstalledEngine) -> Any:
+        if quiet:
+            return contextlib.nullcontext()
+        verb = "reverting" if reverting else "patching"
+        return console.status(f"{verb} {installed.engine} {installed.version}...", spinner="dots")
+
+    selection = select(args.engine, args.patches)
+    options = dict(force=args.force, dry_run=args.dry_run, lock_timeout=args.lock_timeout,
+                   python_option=PYTHON_OPTION, around=spinner)
+    if reverting:
+        results = revert_each(selection, args.python, **options)
+    else:
+        results = apply_each(selection, args.python, allow_unknown_version=args.allow_unknown_version, **options)
+    rows = [(result.engine, result, result.skipped) for result in results]
     if args.json:
         entries = []
         for installed, result, skipped in rows:
@@ -240,7 +232,8 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    engines = resolve_engines(args.engine, None, args.python)
+    selection = select(args.engine)
+    engines = engines_of(selection, args.python)
     if not engines and args.engine is None:
         # Nothing installed is a state to report, not a mistake: `toolkit status` answers it (exit 0).
         if args.json:
@@ -249,9 +242,9 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             console.print(f"no vLLM or SGLang installed for {args.python or sys.executable}", markup=False,
                           highlight=False)
         return 0
-    engines = engines or installed_engines(args.engine, None, args.python, python_option=PYTHON_OPTION)
-    rows = [row for installed in engines for row in _engine.status(installed)]
-    declared = {(p.engine, p.id): p for p in patch_registry.registry()}
+    engines = engines or installed_engines(selection, args.python, python_option=PYTHON_OPTION)
+    rows = [row for installed in engines for row in _engine.status(installed, catalog=selection.catalog(installed.engine))]
+    declared = {(p.engine, p.id): p for p in selection.known}
     notes = {}
     for row in rows:
         patch = declared.get((row.engine, row.patch_id))
@@ -283,7 +276,9 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
     nothing = f"nothing to repair: no {args.engine or 'vLLM or SGLang'} and no toolkit state for {where}"
     out.print_repair(console, results, nothing, args.verbose)
     if args.verbose:
-        for installed in resolve_engines(args.engine, None, args.python):
+        for installed in api.find_engines(args.python):  # the engines repaired: no patch lookup needed
+            if args.engine not in (None, installed.engine):
+                continue
             console.print(f"{installed.engine}: {installed.package_dir} (python {installed.python})",
                           markup=False, highlight=False)
     return 0
@@ -304,15 +299,9 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    from toolkit.verify.checks import all_checks
     from toolkit.verify.run import verify
 
     names = [n.strip() for n in args.checks.split(",") if n.strip()] if args.checks else None
-    known = [c.name for c in all_checks()]
-    unknown = sorted(set(names or ()) - set(known))
-    if unknown:
-        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
-        raise UsageError(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))}){hint}")
     status_line = None if args.json or args.quiet else console.status("verify: preparing", spinner="dots")
     if status_line:
         status_line.start()

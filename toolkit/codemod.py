@@ -192,14 +192,33 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
         ``statement``; each match records ``anchor``."""
         if not isinstance(function.body, cst.IndentedBlock):
             return function
+        body = self.around_each(function.body.body, statement, anchor, new, before)
+        return function.with_changes(body=function.body.with_changes(body=body))
+
+    def around_each(self, statements: Sequence[cst.BaseStatement], statement: m.BaseMatcherNode, anchor: str,
+                    new: Sequence[cst.BaseStatement], before: bool = False) -> list[cst.BaseStatement]:
+        """``statements`` (a module's or a block's) with ``new`` right before (or after) each one that
+        matches ``statement``; each match records ``anchor``."""
         body: list[cst.BaseStatement] = []
-        for item in function.body.body:
+        for item in statements:
             if m.matches(item, statement):
                 self.hit(anchor)
                 body += [*new, item] if before else [item, *new]
             else:
                 body.append(item)
-        return function.with_changes(body=function.body.with_changes(body=body))
+        return body
+
+    def decorated_before(self, function: cst.FunctionDef, decorator: m.BaseMatcherNode, anchor: str,
+                         code: str) -> cst.FunctionDef:
+        """``function`` with ``code`` as a marked decorator right above its first decorator that matches
+        ``decorator`` (which records ``anchor``)."""
+        decorators = list(function.decorators)
+        for position, existing in enumerate(decorators):
+            if m.matches(existing, decorator):
+                self.hit(anchor)
+                decorators.insert(position, self.marked_decorator(code))
+                break
+        return function.with_changes(decorators=decorators)
 
     def before_validator(self, name: str, function: str) -> cst.FunctionDef:
         """A pydantic ``@model_validator(mode="before")`` classmethod ``name`` that hands the raw request

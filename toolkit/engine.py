@@ -20,11 +20,12 @@ from toolkit.declare import Patch
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.journal import FileChange, clear_orphans, write_all_or_nothing
-from toolkit.patch_registry import markers_in, patches_for  # noqa: F401
+from toolkit.patch_registry import Catalog, markers_in  # noqa: F401
 from toolkit.plan import Plan, check_versions, engine_file, make_plan, stale_manifest
 from toolkit.state import Manifest, StateDir
 from toolkit.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
-                            RUNTIME_MISSING, PatchState, PatchStateName, status)
+                            RUNTIME_MISSING, PatchState, PatchStateName)
+from toolkit.status import status as _status
 from toolkit.version import __version__
 
 DEFAULT_LOCK_TIMEOUT = 60.0
@@ -38,6 +39,8 @@ class Result:
     patches: list[str]  # the patches applied to the engine afterwards
     changed: list[FileChange] = field(default_factory=list)
     dry_run: bool = False
+    # the engine's patches an apply of "every patch" left out, and why ({"patch", "reason", "detail"})
+    skipped: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def changed_files(self) -> list[str]:
@@ -49,37 +52,40 @@ class Result:
 
 def reconcile(
     engine: InstalledEngine,
+    catalog: Catalog,
     *,
-    add: Sequence[str] = (),
-    remove: Sequence[str] | None = (),
+    add: Sequence[Patch] = (),
+    remove: Sequence[Patch] | None = (),
     force: bool = False,
     dry_run: bool = False,
     allow_unknown_version: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
-    """Apply ``add`` and revert ``remove`` (None: every applied patch) on ``engine``; the applied set
-    is read under the lock, so concurrent runs compose. Nothing is written unless every file
-    transforms, and a failed write puts back every file it had replaced."""
-    check_versions(engine, patches_for(engine.engine, list(add)) if add else [], allow_unknown_version)
+    """Apply ``add`` and revert ``remove`` (None: every applied patch) on ``engine``, whose registered
+    patches are ``catalog``; the applied set is read under the lock, so concurrent runs compose. Nothing
+    is written unless every file transforms, and a failed write puts back every file it had replaced."""
+    check_versions(engine, add, allow_unknown_version)
+    add_ids = [p.id for p in add]
+    remove_ids = None if remove is None else [p.id for p in remove]
     state = StateDir(engine.site_dir, engine.engine)
     try:
         if dry_run:  # a dry run writes nothing at all, not even the lock file
-            return _reconcile_locked(engine, state, add, remove, force, True)
+            return _reconcile_locked(engine, catalog, state, add_ids, remove_ids, force, True)
         with state.lock(lock_timeout):
-            return _reconcile_locked(engine, state, add, remove, force, False)
+            return _reconcile_locked(engine, catalog, state, add_ids, remove_ids, force, False)
     except OSError as exc:
         raise io_error(exc, "cannot read") from None
 
 
 def _reconcile_locked(
-    engine: InstalledEngine, state: StateDir, add: Sequence[str], remove: Sequence[str] | None,
+    engine: InstalledEngine, catalog: Catalog, state: StateDir, add: Sequence[str], remove: Sequence[str] | None,
     force: bool, dry_run: bool,
 ) -> Result:
     old_raw = state.read_manifest_bytes()
     manifest = state.parse_manifest(old_raw) if old_raw is not None else None
     if not dry_run and not (manifest is not None and stale_manifest(engine, manifest)):
-        _sweep_temps(engine, state, manifest)
-    plan = make_plan(engine, state, old_raw, manifest, add, remove, force)
+        _sweep_temps(engine, catalog, state, manifest)
+    plan = make_plan(engine, catalog, state, old_raw, manifest, add, remove, force)
     if not dry_run:
         carry_out(state, plan)
     return Result(engine, plan.target_ids, plan.changes, dry_run)
@@ -97,9 +103,9 @@ def carry_out(state: StateDir, plan: Plan) -> None:
         write_all_or_nothing(state, write.old_raw, write.journal, write.final, plan.changes, write.new_backups, write.package_dir)
 
 
-def _sweep_temps(engine: InstalledEngine, state: StateDir, manifest: Manifest | None) -> None:
+def _sweep_temps(engine: InstalledEngine, catalog: Catalog, state: StateDir, manifest: Manifest | None) -> None:
     """Temp files a killed run staged but never renamed: they hold no truth, delete them."""
-    relpaths = {e.relpath for p in patch_registry.registry() if p.engine == engine.engine for e in p.files}
+    relpaths = catalog.relpaths()
     relpaths |= set(manifest.files if manifest else ())
     directories = {engine_file(engine, r).parent for r in relpaths} | {state.backup_path(r).parent for r in relpaths}
     for directory in sorted(directories | {state.root}):
@@ -114,29 +120,51 @@ def applied_ids(engine: InstalledEngine) -> list[str]:
     return list(manifest.patches)
 
 
+def _named(engine: InstalledEngine, catalog: Catalog | None, patches: Sequence[Patch | str] | None
+           ) -> tuple[Catalog, list[Patch] | None]:
+    """The engine's catalog (read here only for a caller below a command's edge) and the named patches
+    in registry order (None: every patch); an id, or a patch, the catalog does not hold is a usage error."""
+    if catalog is None:
+        catalog = patch_registry.catalog(engine.engine)
+    if patches is None:
+        return catalog, None
+    if not patches:
+        raise UsageError(f"no patch of {engine.engine} named")
+    return catalog, catalog.select([p if isinstance(p, str) else p.id for p in patches])
+
+
 def apply(
     engine: InstalledEngine,
-    patch_ids: Sequence[str] | None = None,
+    patches: Sequence[Patch | str] | None = None,
     *,
+    catalog: Catalog | None = None,
     force: bool = False,
     dry_run: bool = False,
     allow_unknown_version: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
-    """Apply ``patch_ids`` (None: every patch for this engine version) on top of what is applied."""
-    if patch_ids is not None and not patch_ids:
-        raise UsageError(f"no patch of {engine.engine} named")
-    candidates = patches_for(engine.engine, patch_ids)
-    if patch_ids is None:
-        candidates = [p for p in candidates if not p.not_needed_on(engine.version)
-                      and (allow_unknown_version or p.supports(engine.version))]
+    """Apply ``patches`` (None: every patch for this engine version) on top of what is applied."""
+    catalog, named = _named(engine, catalog, patches)
+    candidates, skipped = named or list(catalog.patches), []
+    if named is None:
+        kept = []
+        for patch in candidates:
+            why = patch.not_needed_on(engine.version)
+            if not why and (allow_unknown_version or patch.supports(engine.version)):
+                kept.append(patch)
+            elif not allow_unknown_version:
+                skipped.append({"patch": patch.id, "reason": "not needed" if why else "not proved",
+                                "detail": why or f"declares {patch.versions}"})
+        candidates = kept
     if not candidates:
         raise PatchError(f"no patch supports {engine.distribution} {engine.version} "
                          f"(see `toolkit list`; --allow-unknown-version, allow_unknown_version=True in Python, "
                          "tries anyway)")
     _require_runtime(engine, candidates)
-    return reconcile(engine, add=[p.id for p in candidates], force=force, dry_run=dry_run,
-                     allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout)
+    result = reconcile(engine, catalog, add=candidates, force=force, dry_run=dry_run,
+                       allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout)
+    result.skipped = skipped
+    return result
 
 
 def _require_runtime(engine: InstalledEngine, patches: Sequence[Patch]) -> None:
@@ -153,19 +181,14 @@ def _require_runtime(engine: InstalledEngine, patches: Sequence[Patch]) -> None:
         f"(`{engine.python} -m pip install 'serving-toolkit=={__version__}'`); nothing was written")
 
 
-def revert(
-    engine: InstalledEngine,
-    patch_ids: Sequence[str] | None = None,
-    *,
-    force: bool = False,
-    dry_run: bool = False,
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
-) -> Result:
-    """Revert ``patch_ids`` (None: all); the others stay applied. Originals come back byte-for-byte;
+def revert(engine: InstalledEngine, patches: Sequence[Patch | str] | None = None, *, catalog: Catalog | None = None,
+           force: bool = False, dry_run: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Result:
+    """Revert ``patches`` (None: all); the others stay applied. Originals come back byte-for-byte;
     with ``force``, only the files of the reverted patches are overwritten."""
-    if patch_ids is not None:
-        if not patch_ids:
-            raise UsageError(f"no patch of {engine.engine} named")
-        patches_for(engine.engine, patch_ids)  # unknown ids are a usage error
-    return reconcile(engine, remove=None if patch_ids is None else list(patch_ids), force=force, dry_run=dry_run,
-                     lock_timeout=lock_timeout)
+    catalog, named = _named(engine, catalog, patches)
+    return reconcile(engine, catalog, remove=named, force=force, dry_run=dry_run, lock_timeout=lock_timeout)
+
+
+def status(engine: InstalledEngine, *, catalog: Catalog | None = None) -> list[PatchState]:
+    """Hash-only state of every patch of ``engine`` (see :mod:`toolkit.status`)."""
+    return _status(engine, catalog or patch_registry.catalog(engine.engine))

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from toolkit import fs, patch_registry
+from toolkit import fs
 from toolkit.declare import FileEdit, Patch
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import DriftError, PatchError
 from toolkit.state import FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.version import __version__
 from toolkit.journal import FileChange, read_or_none
-from toolkit.patch_registry import markers_in, patches_for, registry_order
+from toolkit.patch_registry import Catalog, markers_in
 
 
 def engine_file(engine: InstalledEngine, relpath: str) -> Path:
@@ -53,11 +53,10 @@ def stale_manifest(engine: InstalledEngine, manifest: Manifest) -> bool:
     return manifest.engine_version != engine.version or manifest.distribution != engine.distribution
 
 
-def _refuse_marked(engine: InstalledEngine, relpath: str, data: bytes, manifest: Manifest | None) -> None:
+def _refuse_marked(catalog: Catalog, relpath: str, data: bytes, manifest: Manifest | None) -> None:
     """A file read from the engine as its original must carry no patch's marker: patching it again
     would double the edit, and backing it up would lose the real original."""
-    ours = {p.id for p in patch_registry.registry() if p.engine == engine.engine}
-    found = sorted(markers_in(data) & ours)
+    found = sorted(markers_in(data) & set(catalog.ids))
     if found:
         why = "there is no toolkit manifest" if manifest is None else "the manifest does not record it"
         raise PatchError(
@@ -87,7 +86,8 @@ def _recorded_original(engine: InstalledEngine, state: StateDir, relpath: str, r
 
 
 def _wanted_contents(
-    engine: InstalledEngine, state: StateDir, manifest: Manifest | None, target: list[Patch], scope: set[str]
+    engine: InstalledEngine, catalog: Catalog, state: StateDir, manifest: Manifest | None, target: list[Patch],
+    scope: set[str],
 ) -> tuple[dict[str, bytes], dict[str, bytes], dict[str, list[str]]]:
     """Original and wanted bytes of every file in ``scope``, and which patches edit it."""
     edits_by_file: dict[str, list[tuple[Patch, FileEdit]]] = {}
@@ -110,7 +110,7 @@ def _wanted_contents(
                 f"patch {owner}: file {relpath} not found in {engine.package_dir} "
                 f"({engine.engine} {engine.version}); nothing was written"
             ) from None
-        _refuse_marked(engine, relpath, originals[relpath], manifest)
+        _refuse_marked(catalog, relpath, originals[relpath], manifest)
     wanted: dict[str, bytes] = {}
     patch_ids: dict[str, list[str]] = {}
     for relpath, original in originals.items():
@@ -135,13 +135,13 @@ def _wanted_contents(
     return originals, wanted, patch_ids
 
 
-def _already_done(engine: InstalledEngine, manifest: Manifest | None, target_ids: list[str]) -> bool:
+def _already_done(engine: InstalledEngine, catalog: Catalog, manifest: Manifest | None, target_ids: list[str]) -> bool:
     """Nothing to do, decided from hashes alone (no codemod runs, so the lock is held for milliseconds)."""
     if manifest is None:
         return not target_ids
     if manifest.state != "applied" or manifest.patches != target_ids:
         return False
-    known = [p for p in patch_registry.registry() if p.engine == engine.engine and p.id in set(target_ids)]
+    known = [p for p in catalog.patches if p.id in set(target_ids)]
     if len(known) != len(target_ids):
         return False  # a patch this toolkit does not know: the full path says so in a sentence
     edited = {edit.relpath for p in known for edit in p.files}
@@ -176,7 +176,7 @@ class Plan:
 
 
 def make_plan(
-    engine: InstalledEngine, state: StateDir, old_raw: bytes | None, manifest: Manifest | None,
+    engine: InstalledEngine, catalog: Catalog, state: StateDir, old_raw: bytes | None, manifest: Manifest | None,
     add: Sequence[str], remove: Sequence[str] | None, force: bool,
 ) -> Plan:
     """The plan for applying ``add`` and reverting ``remove`` (None: all); raises on drift."""
@@ -195,14 +195,14 @@ def make_plan(
     if remove is None:
         target_ids: list[str] = []
     else:
-        target_ids = registry_order(engine.engine, (set(applied_before) | set(add)) - set(remove))
+        target_ids = catalog.order((set(applied_before) | set(add)) - set(remove))
     if manifest is None:
-        _refuse_unrecorded_marks(engine, reverting)
-    if not force and _already_done(engine, manifest, target_ids):
+        _refuse_unrecorded_marks(engine, catalog, reverting)
+    if not force and _already_done(engine, catalog, manifest, target_ids):
         return Plan(target_ids, clear_state="orphans" if manifest is None else "", package_dir=engine.package_dir)
     if manifest is not None and target_ids:
-        _refuse_foreign(engine, target_ids, manifest.toolkit_version)
-    target = patches_for(engine.engine, target_ids) if target_ids else []
+        _refuse_foreign(engine, catalog, target_ids, manifest.toolkit_version)
+    target = catalog.select(target_ids) if target_ids else []
 
     # Which files to look at: those of the patches that change, or every one when a run was
     # interrupted or nothing changes (a rerun that finishes or re-checks the job).
@@ -211,9 +211,9 @@ def make_plan(
     if manifest is None or manifest.state != "applied" or not changing:
         scope = every_file
     else:
-        scope = {e.relpath for p in patch_registry.registry() if p.engine == engine.engine and p.id in changing for e in p.files}
+        scope = {e.relpath for p in catalog.patches if p.id in changing for e in p.files}
         scope = (scope | {r for r, rec in manifest.files.items() if set(rec.patches) & changing}) & every_file
-    originals, wanted, patch_ids = _wanted_contents(engine, state, manifest, target, scope)
+    originals, wanted, patch_ids = _wanted_contents(engine, catalog, state, manifest, target, scope)
 
     current_sha = {relpath: sha256_file(engine_file(engine, relpath)) for relpath in wanted}
     _refuse_drift(engine, manifest, originals, current_sha, force, reverting)
@@ -243,7 +243,7 @@ def make_plan(
     # after a crash says "partial" for each, never "not applied".
     journal = Manifest(__version__, engine.engine, engine.distribution, engine.version,
                        "reverting" if reverting else "applying",
-                       registry_order(engine.engine, set(target_ids) | set(applied_before)), dict(final_files))
+                       catalog.order(set(target_ids) | set(applied_before)), dict(final_files))
     for relpath in scope:
         old = manifest.files.get(relpath) if manifest else None
         after = sha256_bytes(wanted[relpath])
@@ -253,12 +253,12 @@ def make_plan(
     return Plan(target_ids, changes, Write(old_raw, journal, final, new_backups, Path(engine.package_dir)))
 
 
-def _refuse_unrecorded_marks(engine: InstalledEngine, reverting: bool) -> None:
+def _refuse_unrecorded_marks(engine: InstalledEngine, catalog: Catalog, reverting: bool) -> None:
     """Patched files with no manifest: their originals are known only to the backups, which are
     never dropped (or trusted) without one. Say so and stop, whatever was asked."""
-    ours = {p.id for p in patch_registry.registry() if p.engine == engine.engine}
+    ours = set(catalog.ids)
     marked: dict[str, set[str]] = {}
-    for relpath in sorted({e.relpath for p in patch_registry.registry() if p.engine == engine.engine for e in p.files}):
+    for relpath in sorted(catalog.relpaths()):
         try:
             found = markers_in(fs.read_bytes(engine_file(engine, relpath))) & ours
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -301,11 +301,10 @@ def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
     return manifest.to_json() == final.to_json()
 
 
-def _refuse_foreign(engine: InstalledEngine, applied: Sequence[str], by_version: str) -> None:
+def _refuse_foreign(engine: InstalledEngine, catalog: Catalog, applied: Sequence[str], by_version: str) -> None:
     """A patch applied by another toolkit (or one since removed from this one) can be neither kept nor
     re-derived here; dropping it silently would revert it behind the user's back."""
-    known = {p.id for p in patch_registry.registry() if p.engine == engine.engine}
-    foreign = [pid for pid in applied if pid not in known]
+    foreign = [pid for pid in applied if pid not in catalog.ids]
     if foreign:
         raise PatchError(
             f"{engine.engine} {engine.version} has patches applied that this toolkit {__version__} does "

@@ -11,12 +11,11 @@ behind by an engine that was uninstalled is removed.
 from __future__ import annotations
 
 import base64
-import csv
-import io
 import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +24,7 @@ from toolkit import fs, patch_registry
 from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
 from toolkit.errors import CorruptManifest, PatchError, io_error
 from toolkit.journal import FileChange, read_or_none, write_all_or_nothing
-from toolkit.patch_registry import markers_in
+from toolkit.patch_registry import Catalog, markers_in
 from toolkit.plan import engine_file
 from toolkit.sources import load_source
 from toolkit.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
@@ -47,30 +46,23 @@ class RepairResult:
 
 
 def record_hashes(engine: InstalledEngine) -> dict[str, str]:
-    """relpath (inside the package) -> sha256 hex, from the installed distribution's RECORD."""
+    """relpath (inside the package) -> sha256 hex, from the installed distribution's RECORD (read
+    through ``importlib.metadata``, whose file entries carry RECORD's urlsafe-base64 hashes)."""
     package = Path(engine.package_dir).name
-    for dist_info in sorted(engine.site_dir.glob("*.dist-info")):
-        try:
-            meta = fs.read_bytes(dist_info / "METADATA").decode(errors="replace")
-        except OSError:
+    for dist in metadata.distributions(path=[str(engine.site_dir)]):
+        if (_normalize(dist.metadata.get("Name") or ""), dist.version) != (engine.distribution, engine.version):
             continue
-        fields = dict(line.split(":", 1) for line in meta.splitlines() if ":" in line and not line.startswith(" "))
-        name, version = _normalize(fields.get("Name", "").strip()), fields.get("Version", "").strip()
-        if name != engine.distribution or version != engine.version:
-            continue
-        try:
-            text = fs.read_bytes(dist_info / "RECORD").decode(errors="replace")
-        except OSError as exc:
-            raise io_error(exc, "cannot read pip's RECORD") from None
+        files = dist.files  # None: RECORD missing or unreadable
+        if files is None:
+            break
         hashes = {}
-        for row in csv.reader(io.StringIO(text)):
-            if len(row) >= 2 and row[0].startswith(f"{package}/") and row[1].startswith("sha256="):
-                digest = row[1][len("sha256="):]
-                raw = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4))
-                hashes[row[0][len(package) + 1:]] = raw.hex()
+        for entry in files:
+            if entry.hash is not None and entry.hash.mode == "sha256" and entry.parts[:1] == (package,):
+                digest = entry.hash.value
+                hashes["/".join(entry.parts[1:])] = base64.urlsafe_b64decode(digest + "=" * (-len(digest) % 4)).hex()
         return hashes
-    raise PatchError(f"no RECORD for {engine.distribution} {engine.version} in {engine.site_dir}: pip's list of "
-                     "the release's files is what repair checks against (reinstall with pip to get it back)")
+    raise PatchError(f"no readable RECORD for {engine.distribution} {engine.version} in {engine.site_dir}: pip's "
+                     "list of the release's files is what repair checks against (reinstall with pip to get it back)")
 
 
 def _cache_root() -> Path:
@@ -108,9 +100,10 @@ def pip_download(python: str) -> FetchRelease:
 
 
 def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
-           lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT) -> RepairResult:
+           lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT, *, catalog: Catalog | None = None) -> RepairResult:
     """Restore every file toolkit may have touched to the release's bytes, then clear the state."""
     fetch = fetch or pip_download(engine.python)
+    catalog = catalog or patch_registry.catalog(engine.engine)
     state = StateDir(engine.site_dir, engine.engine)
     result = RepairResult(engine.engine, engine.distribution, engine.version)
     expected = record_hashes(engine)
@@ -121,11 +114,11 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                 manifest = state.parse_manifest(old_raw) if old_raw is not None else None
             except CorruptManifest:
                 manifest = None
-            relpaths = _touched_files(engine, state, manifest)
+            relpaths = _touched_files(catalog, state, manifest)
             release = _Release(engine, fetch)
             changes: list[FileChange] = []
             journal = Manifest(__version__, engine.engine, engine.distribution, engine.version, "reverting",
-                               _patches_present(engine, manifest, relpaths), {})
+                               _patches_present(engine, catalog, manifest, relpaths), {})
             for relpath in sorted(relpaths):
                 want = expected.get(relpath)
                 if want is None:
@@ -152,15 +145,15 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
     return result
 
 
-def _touched_files(engine: InstalledEngine, state: StateDir, manifest: Manifest | None) -> set[str]:
+def _touched_files(catalog: Catalog, state: StateDir, manifest: Manifest | None) -> set[str]:
     """Files a patch for this engine edits, the manifest names, or a backup exists for."""
-    relpaths = {e.relpath for p in patch_registry.registry() if p.engine == engine.engine for e in p.files}
+    relpaths = catalog.relpaths()
     relpaths |= set(manifest.files if manifest else ())
     relpaths |= set(state.backup_relpaths())
     return relpaths
 
 
-def _patches_present(engine: InstalledEngine, manifest: Manifest | None, relpaths: set[str]) -> list[str]:
+def _patches_present(engine: InstalledEngine, catalog: Catalog, manifest: Manifest | None, relpaths: set[str]) -> list[str]:
     """While repair writes, `status` must not call a patch whose marker is still in a file "not applied"."""
     ids = set(manifest.patches if manifest else ())
     for relpath in relpaths:
@@ -168,8 +161,7 @@ def _patches_present(engine: InstalledEngine, manifest: Manifest | None, relpath
             ids |= markers_in(fs.read_bytes(engine_file(engine, relpath)))
         except OSError:
             continue
-    known = [p.id for p in patch_registry.registry() if p.engine == engine.engine]
-    return [pid for pid in known if pid in ids]
+    return [pid for pid in catalog.ids if pid in ids]
 
 
 class _Release:

@@ -11,7 +11,7 @@ from toolkit.discovery import InstalledEngine
 from toolkit.errors import CorruptManifest, PatchError
 from toolkit.state import RECOVER, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.version import __version__
-from toolkit.patch_registry import markers_in, patches_for
+from toolkit.patch_registry import Catalog, markers_in
 from toolkit.plan import engine_file, file_state, stale_manifest
 
 
@@ -68,8 +68,8 @@ class PatchState:
     detail: str = ""
 
 
-def status(engine: InstalledEngine) -> list[PatchState]:
-    """Hash-only state of every patch for ``engine``: no parsing of sources, no lock taken.
+def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
+    """Hash-only state of every patch of ``catalog`` on ``engine``: no parsing of sources, no lock taken.
 
     Without a readable manifest, the files speak for themselves: a patch whose files carry its
     marker is reported as ``patched, no manifest``."""
@@ -82,7 +82,7 @@ def status(engine: InstalledEngine) -> list[PatchState]:
         manifest, problem = None, str(exc)
     stale = manifest is not None and stale_manifest(engine, manifest)
     rows = []
-    for patch in patches_for(engine.engine):
+    for patch in catalog.patches:
         files: dict[str, str] = {}
         detail = ""
         if manifest is None:

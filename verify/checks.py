@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from toolkit.verify.client import ChatClient, ChatOutcome, HTTPStatusError, ServerGone
+
+if TYPE_CHECKING:
+    from toolkit.declare import Patch
 
 PASS, FAIL, SKIP, ERROR = "pass", "fail", "skip", "error"
 
@@ -269,8 +272,10 @@ CORE: list[Check] = [
 
 
 def run_checks(target: Target, names: list[str] | None = None,
-               on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    checks = all_checks()
+               on_result: Callable[[CheckResult], None] | None = None,
+               checks: Sequence[Check] | None = None) -> list[CheckResult]:
+    """Run ``names`` (default: all) of ``checks`` (default: :func:`all_checks`) against ``target``."""
+    checks = all_checks() if checks is None else list(checks)
     known = {check.name for check in checks}
     unknown = [n for n in names or [] if n not in known]
     if unknown:
@@ -313,12 +318,13 @@ def missing_patches(target: Target) -> list[str]:
     return sorted({p for c in CORE if c.name in CORE_CHECKS for p in [c.missing_patch(target)] if p})
 
 
-def all_checks() -> list[Check]:
-    """The core checks, then each registered patch's own (its ``verify_checks``), in registry order."""
+def all_checks(patches: Sequence[Patch] | None = None) -> list[Check]:
+    """The core checks, then each registered patch's own (its ``verify_checks``), in registry order
+    (``patches``: the registry as the caller read it)."""
     from toolkit import patch_registry
 
     checks = list(CORE)
-    for patch in patch_registry.registry():
+    for patch in patch_registry.registry() if patches is None else patches:
         checks.extend(check for check in patch.load_verify_checks() if check not in checks)
     return checks
 

@@ -94,6 +94,17 @@ def engine_install(engine: str | None, python: str | None):
     return installed[0] if installed else None
 
 
+def check_names(names: Sequence[str] | None, every_check: Sequence[Any]) -> None:
+    """Every name a caller asks for is a check (a usage error before anything starts)."""
+    from toolkit.patch_registry import did_you_mean
+
+    known = [c.name for c in every_check]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+        raise UsageError(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))}){hint}")
+
+
 def verify(
     model: str,
     *,
@@ -109,10 +120,13 @@ def verify(
 ) -> VerifyReport:
     """Verify a served engine. Launches one unless ``url`` is given; never leaves a process behind."""
     from toolkit import engine as patch_engine
-
+    from toolkit import patch_registry
     from toolkit.discovery import interpreter
 
     started = time.monotonic()
+    known = patch_registry.registry()  # once: the checks and the patches' switches come from it
+    every_check = all_checks(known)
+    check_names(checks, every_check)
     say = on_phase or (lambda message: None)
     python = interpreter(python)  # relative, or a venv's folder: the absolute bin/python the server runs
     installed = engine_install(engine, python)
@@ -132,7 +146,7 @@ def verify(
         target = Target(base_url, served_model_name(base_url), engine_name, tokenizer, applied)
         report.apply_first = missing_patches(target)
         try:
-            report.results = run_checks(target, list(checks) if checks else None, on_result)
+            report.results = run_checks(target, list(checks) if checks else None, on_result, every_check)
         finally:
             target.client.close()
 
@@ -150,9 +164,9 @@ def verify(
         env = dict(env or {})
         # A patch whose checks need a switch on (patch-sweep's routes) declares it (Patch.verify_env);
         # the caller's own setting of the switch wins.
-        for patch in patch_engine.patches_for(engine_name):
+        for patch in (p for p in known if p.engine == engine_name):
             wanted = patch.id in applied and (not checks or any(c.requires.get(engine_name) == patch.id
-                                                                 for c in all_checks() if c.name in checks))
+                                                                 for c in every_check if c.name in checks))
             for name, value in patch.verify_env if wanted else ():
                 if name not in env and name not in os.environ:
                     env[name] = value

@@ -25,7 +25,7 @@ from typing import Callable
 
 import pytest
 
-from toolkit import engine, fs
+from toolkit import engine, fs, patch_registry
 from toolkit.errors import PatchError
 from toolkit.sources import load_source
 from toolkit.state import StateDir
@@ -419,7 +419,7 @@ def _slim_site(name: str, package: str) -> Callable[[Path], Path]:
 
     dist, version = name.rsplit("-", 1)
     source = ensure_source_tree(dist, version)
-    relpaths = sorted({e.relpath for p in engine.patches_for(package) if p.supports(version) for e in p.files})
+    relpaths = sorted({e.relpath for p in patch_registry.catalog(package).patches if p.supports(version) for e in p.files})
 
     def make(site: Path) -> Path:
         for entry in source.glob("*.dist-info"):
@@ -442,7 +442,7 @@ REAL = [("sglang-0.5.23", "sglang"), ("vllm-0.33.0", "vllm")]
 @pytest.mark.parametrize("name,package", REAL)
 def test_every_failing_call_on_a_real_tree(name, package, fault_dir, capsys):
     version = name.rsplit("-", 1)[1]
-    patches = [p for p in engine.patches_for(package) if p.supports(version)]
+    patches = [p for p in patch_registry.catalog(package).patches if p.supports(version)]
     count = 0
     quick = os.environ.get("TOOLKIT_QUICK") == "1"  # scripts/test.sh --quick (tests/conftest.py)
     sample = 7 if quick else 1  # --quick: every 7th call (and the last); CI: every call

@@ -95,7 +95,7 @@ SGLANG = ["sglang-0.5.9", "sglang-0.5.23"]
 def test_failure_between_writes_on_real_sources_puts_every_file_back(name, tmp_path, monkeypatch):
     site = _copy(name, tmp_path)
     installed = load_source(site).as_installed()
-    relpaths = sorted({f.relpath for p in engine.patches_for("sglang") for f in p.files})
+    relpaths = sorted({f.relpath for p in patch_registry.catalog("sglang").patches for f in p.files})
     original = _digests(site, relpaths)
     assert len(relpaths) >= 2, "the fault test needs patches that edit several files"
 
@@ -117,7 +117,7 @@ def test_failure_between_writes_on_real_sources_puts_every_file_back(name, tmp_p
 def test_read_only_target_files_on_real_sources(tmp_path):
     site = _copy("sglang-0.5.9", tmp_path)
     installed = load_source(site).as_installed()
-    relpaths = sorted({f.relpath for p in engine.patches_for("sglang") for f in p.files})
+    relpaths = sorted({f.relpath for p in patch_registry.catalog("sglang").patches for f in p.files})
     original = _digests(site, relpaths)
     for relpath in relpaths:
         os.chmod(site / "sglang" / relpath, 0o444)
@@ -134,7 +134,7 @@ def test_read_only_target_files_on_real_sources(tmp_path):
 def test_sigkill_mid_apply_on_real_sources(tmp_path):
     site = _copy("sglang-0.5.23", tmp_path)
     installed = load_source(site).as_installed()
-    relpaths = sorted({f.relpath for p in engine.patches_for("sglang") for f in p.files})
+    relpaths = sorted({f.relpath for p in patch_registry.catalog("sglang").patches for f in p.files})
     original = _digests(site, relpaths)
     marker = tmp_path / "first-write-done"
     script = textwrap.dedent(f"""

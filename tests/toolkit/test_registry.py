@@ -51,14 +51,37 @@ def test_another_package_can_ship_a_patch_through_the_entry_point_group(tmp_path
 
 
 def test_a_distribution_installed_later_is_found_on_the_next_call(tmp_path, monkeypatch):
-    """The registry is remembered between calls, but not past an install into a folder on the path."""
+    """A distribution installed into a folder on the path is found on the next call."""
     monkeypatch.syspath_prepend(str(tmp_path))
     assert ("sglang", "demo") not in [(p.engine, p.id) for p in all_patches()]
     _fake_distribution(tmp_path, "late-patch", "[toolkit.patches]\ndemo = tests.toolkit.demo_patches:DEMO\n")
     assert ("sglang", "demo") in [(p.engine, p.id) for p in all_patches()]
 
 
-def test_the_registry_is_read_once_while_nothing_is_installed(monkeypatch):
+def test_every_command_reads_the_registry_once_at_its_edge(site, monkeypatch, capsys):
+    """The patch ids a user writes are resolved to patches once (``patch_registry.select``) and the
+    objects go down: no command reads the registry twice (it was asked ~12 times per apply, and a
+    cache over every ``sys.path`` entry's mtime stood in for that; now nothing is remembered)."""
+    from tests.toolkit import demo_patches
+    from toolkit import cli, patch_registry
+
+    demo_patches.write_record(site)
+    reads = []
+    monkeypatch.setattr(patch_registry, "registry",
+                        lambda: reads.append(1) or [demo_patches.DEMO, demo_patches.SECOND])
+    commands = [["list"], ["apply-patch", "--patch", "demo"], ["apply-patch"], ["status", "-v"],
+                ["apply-patch", "--dry-run", "--diff"], ["revert", "--patch", "second"], ["revert"], ["repair", "-v"],
+                ["check", "--source", str(site)], ["check", "--source", str(site), "--patch", "demo"],
+                ["apply-patch", "--patch", "demo", "--json"], ["status", "--json"], ["revert", "--json"]]
+    for argv in commands:
+        reads.clear()
+        assert cli.main(argv) == 0, (argv, capsys.readouterr())
+        assert len(reads) == 1, argv
+    capsys.readouterr()
+
+
+def test_the_registry_reads_what_is_installed_on_every_call(monkeypatch):
+    """Nothing is remembered between calls: each call reads the entry points once."""
     from importlib import metadata
 
     reads = []
@@ -70,9 +93,9 @@ def test_the_registry_is_read_once_while_nothing_is_installed(monkeypatch):
 
     monkeypatch.setattr(metadata, "entry_points", counting)
     first = all_patches()
-    first.clear()  # a caller's copy: changing it changes nothing remembered
+    first.clear()  # a caller's copy
     assert all_patches() == all_patches() != []
-    assert len(reads) == 1
+    assert len(reads) == 3
 
 
 def test_two_packages_declaring_one_patch_id_is_an_error(tmp_path, monkeypatch):

@@ -49,12 +49,8 @@ class ChoicesTransformer(AnchoredTransformer):
 
     @m.leave(m.Module())
     def add_the_choice(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        body: list[cst.BaseStatement] = []
-        for statement in updated_node.body:
-            body.append(statement)
-            if m.matches(statement, CHOICES):
-                self.hit("ATTENTION_BACKEND_CHOICES")
-                body.append(self.marked_statement(f'ATTENTION_BACKEND_CHOICES.append("{NAME}")'))
+        body = self.around_each(updated_node.body, CHOICES, "ATTENTION_BACKEND_CHOICES",
+                                [self.marked_statement(f'ATTENTION_BACKEND_CHOICES.append("{NAME}")')])
         return updated_node.with_changes(body=body)
 
 

@@ -224,10 +224,4 @@ class HttpServerTransformer(AnchoredTransformer):
 
     @m.leave(m.FunctionDef(name=m.Name("openai_v1_chat_completions")))
     def tokens_route(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        decorators = list(updated_node.decorators)
-        for position, decorator in enumerate(decorators):
-            if m.matches(decorator, CHAT_ROUTE):
-                self.hit("chat-route")
-                decorators.insert(position, self.marked_decorator(TOKENS_ROUTE))
-                break
-        return updated_node.with_changes(decorators=decorators)
+        return self.decorated_before(updated_node, CHAT_ROUTE, "chat-route", TOKENS_ROUTE)

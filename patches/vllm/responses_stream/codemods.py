@@ -79,20 +79,18 @@ class ServingTransformer(AnchoredTransformer):
     @m.leave(m.IndentedBlock())
     @in_method(CLASS, "responses_stream_generator")
     def terminal_event(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        body: list[cst.BaseStatement] = []
-        for statement in updated_node.body:
-            body.append(statement)
-            if m.matches(statement, FINAL_RESPONSE):
-                self.hit("responses_stream_generator: final_response = await self.responses_full_generator(...)")
-                body.append(self.marked_statement(
-                    "if not self.use_harmony:\n"
-                    "    yield _increment_sequence_number_and_return(\n"
-                    f"        {RUNTIME}.terminal_event(\n"
-                    "            final_response, request, sampling_params, model_name, created_time, context\n"
-                    "        )\n"
-                    "    )\n"
-                    "    return\n"
-                ))
+        terminal = self.marked_statement(
+            "if not self.use_harmony:\n"
+            "    yield _increment_sequence_number_and_return(\n"
+            f"        {RUNTIME}.terminal_event(\n"
+            "            final_response, request, sampling_params, model_name, created_time, context\n"
+            "        )\n"
+            "    )\n"
+            "    return\n"
+        )
+        body = self.around_each(updated_node.body, FINAL_RESPONSE,
+                                "responses_stream_generator: final_response = await self.responses_full_generator(...)",
+                                [terminal])
         return updated_node.with_changes(body=body)
 
     @m.leave(m.ExceptHandler(type=m.Name("GenerationError"), name=m.AsName(name=m.Name("e"))))

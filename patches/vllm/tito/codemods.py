@@ -54,15 +54,20 @@ def with_fields_and_validator(transformer: AnchoredTransformer, request: cst.Cla
 # --------------------------------------------------------------------------------------------------
 # vllm/entrypoints/openai/chat_completion/protocol.py
 
-REQUEST_FIELDS = '''
-input_ids: list[int] | None = Field(
-    default=None,
-    description=(
-        "Token ids to use as the prompt, exactly: no chat template, no tokenization. "
-        "`messages` may still be sent (tool and reasoning parsing) but never changes the prompt."
-    ),
-)
-logprob_start_len: int | None = Field(
+def input_ids_field(other: str) -> str:
+    """The ``input_ids`` field of a request whose ``other`` field (messages, input) it stands beside."""
+    return (
+        "input_ids: list[int] | None = Field(\n"
+        "    default=None,\n"
+        "    description=(\n"
+        '        "Token ids to use as the prompt, exactly: no chat template, no tokenization. "\n'
+        f'        "`{other}` may still be sent (tool and reasoning parsing) but never changes the prompt."\n'
+        "    ),\n"
+        ")\n"
+    )
+
+
+REQUEST_FIELDS = "\n" + input_ids_field("messages") + '''logprob_start_len: int | None = Field(
     default=None,
     description=(
         "Return prompt logprobs from this prompt position on (-1: none). Such a request skips "
@@ -228,27 +233,13 @@ class ApiRouterTransformer(AnchoredTransformer):
     def tokens_route(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         route = m.Decorator(decorator=m.Call(func=m.Attribute(value=m.Name("router"), attr=m.Name("post")),
                                              args=[m.Arg(value=m.SimpleString('"/v1/chat/completions"')), m.ZeroOrMore()]))
-        decorators = list(updated_node.decorators)
-        for position, decorator in enumerate(decorators):
-            if m.matches(decorator, route):
-                self.hit("chat-route")
-                decorators.insert(position, self.marked_decorator(TOKENS_ROUTE))
-                break
-        return updated_node.with_changes(decorators=decorators)
+        return self.decorated_before(updated_node, route, "chat-route", TOKENS_ROUTE)
 
 
 # --------------------------------------------------------------------------------------------------
 # vllm/entrypoints/openai/responses/protocol.py and responses/serving.py (the Responses API)
 
-RESPONSES_REQUEST_FIELDS = '''
-input_ids: list[int] | None = Field(
-    default=None,
-    description=(
-        "Token ids to use as the prompt, exactly: no chat template, no tokenization. "
-        "`input` may still be sent (tool and reasoning parsing) but never changes the prompt."
-    ),
-)
-return_token_ids: bool | None = Field(
+RESPONSES_REQUEST_FIELDS = "\n" + input_ids_field("input") + '''return_token_ids: bool | None = Field(
     default=None,
     description="Return the prompt's token ids and the output's on the response (prompt_token_ids, token_ids).",
 )

