@@ -1,1 +1,2 @@
-"""What both engines' tito patches share: the `multi-turn` verify check (``check.py``)."""
+"""What both engines' tito patches share: the request checks (``validate.py``) and the `multi-turn`
+verify check (``check.py``)."""

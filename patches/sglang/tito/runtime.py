@@ -22,13 +22,14 @@ The contract (docs/tito.md), the same as on vLLM:
   ``weight_versions`` list there, which clients that validate with that model (verifiers) refuse.
 
 Bad input raises ``ValueError``: in a pydantic validator SGLang turns it into an HTTP 400 through its
-request-validation handler; in the serving class, ``handle_request`` answers it with a 400.
+request-validation handler; in the serving class, ``handle_request`` answers it with a 400. The request
+checks both engines share are ``toolkit.patches.common.tito.validate``; the logprob entries' ids are
+set by ``logprob_ids``.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -36,14 +37,20 @@ from typing import Any
 
 from toolkit.patches.common import prefix_splice
 from toolkit.patches.common.env import env_flag
-from toolkit.patches.common.serialize import omit_when_none  # noqa: F401 (the patched serializers call it here)
+from toolkit.patches.common.serialize import omit_when_none
+from toolkit.patches.common.tito import validate
+from toolkit.patches.common.tito.validate import is_int
+from toolkit.patches.sglang.tito.logprob_ids import (logprob_ids_from_raw, response_logprob_ids,
+                                                     set_logprob_token_ids, stream_logprob_ids)
+
+# What the patched engine files call on this module (codemods.py injects ``runtime.<name>``; the
+# serializers' omit_when_none and the logprob decorators are re-exported), and the logprob-id rule.
+__all__ = ["convert_request", "finish_chat_response", "has_input_ids", "logprob_ids_from_raw", "normalize_request",
+           "omit_when_none", "processed_input_ids", "response_logprob_ids", "set_logprob_token_ids",
+           "stream_logprob_ids"]
 
 TOKEN_IDS_RUNTIME = "toolkit.patches.sglang.token_ids.runtime"
 OPENAI_METADATA_FLAG = "TOOLKIT_OPENAI_METADATA"
-
-
-def _is_int(value: Any) -> bool:
-    return type(value) is int  # bool is an int subclass; JSON 1.0 is a float: neither is a token id
 
 
 def token_ids_patch_loaded() -> bool:
@@ -60,26 +67,13 @@ def has_input_ids(request: Any) -> bool:
 # request fields (ChatCompletionRequest's "before" validator)
 
 
-def check_input_ids(ids: Any, field: str = "input_ids") -> list[int]:
-    """Type checks that need no engine: a non-empty list of non-negative ints."""
-    if not isinstance(ids, list):
-        raise ValueError(f"`{field}` must be a list of integer token ids, got {type(ids).__name__}")
-    if not ids:
-        raise ValueError(f"`{field}` must not be empty: the prompt needs at least one token")
-    if all(type(value) is int for value in ids) and min(ids) >= 0:
-        return ids  # the common case, in C-speed loops; the loop below finds what is wrong
-    for position, value in enumerate(ids):
-        if not _is_int(value):
-            raise ValueError(
-                f"`{field}` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}"
-            )
-        if value < 0:
-            raise ValueError(f"`{field}` must not contain negative ids: item {position} is {value}")
-    return ids
-
-
 def _value_error(message: str, field: str) -> Exception:
-    return ValueError(message)
+    return ValueError(message)  # SGLang's 400 carries the message only; the field is named in it
+
+
+def check_input_ids(ids: Any, field: str = "input_ids") -> list[int]:
+    """Type checks that need no engine (``validate.check_input_ids``), as SGLang's ``ValueError``."""
+    return validate.check_input_ids(ids, _value_error, field)
 
 
 def normalize_request(data: Any) -> Any:
@@ -101,18 +95,7 @@ def normalize_request(data: Any) -> Any:
             data["messages"] = []
         if data.get("return_token_ids") is None and token_ids_patch_loaded():
             data["return_token_ids"] = True
-    start = data.get("logprob_start_len")
-    if start is not None:
-        if not _is_int(start):
-            raise ValueError(f"`logprob_start_len` must be an integer, got {type(start).__name__} {start!r:.40}")
-        if start < -1:
-            raise ValueError(
-                f"`logprob_start_len` must be -1 (no prompt logprobs) or a prompt position >= 0, got {start}"
-            )
-        if start >= 0 and data.get("stream"):
-            raise ValueError(
-                "`logprob_start_len` is not available with `stream=true` (prompt logprobs are non-streaming only)"
-            )
+    validate.check_logprob_start_len(data, _value_error)
     return data
 
 
@@ -138,7 +121,7 @@ def vocab_size(serving: Any) -> int | None:
     """One past the largest valid token id: the model's vocabulary (its embedding rows)."""
     manager = getattr(serving, "tokenizer_manager", None)
     size = getattr(getattr(manager, "model_config", None), "vocab_size", None)
-    if _is_int(size) and size > 0:
+    if is_int(size) and size > 0:
         return size
     tokenizer = getattr(manager, "tokenizer", None)
     if tokenizer is not None:
@@ -152,9 +135,9 @@ def vocab_size(serving: Any) -> int | None:
 def context_length(serving: Any) -> int | None:
     manager = getattr(serving, "tokenizer_manager", None)
     length = getattr(manager, "context_len", None)
-    if not _is_int(length):
+    if not is_int(length):
         length = getattr(getattr(manager, "model_config", None), "context_len", None)
-    return length if _is_int(length) and length > 0 else None
+    return length if is_int(length) and length > 0 else None
 
 
 def check_prompt_ids(serving: Any, request: Any) -> None:
@@ -305,11 +288,8 @@ def convert_request(method: Callable) -> Callable:
         start = logprob_start(request)
         if start >= 0:
             length = _prompt_length(adapted_request)
-            if length is not None and start >= length:
-                raise ValueError(
-                    f"`logprob_start_len` is {start}, but the prompt has only {length} tokens "
-                    f"(use -1, or a position from 0 to {length - 1})"
-                )
+            if length is not None:
+                validate.check_logprob_start_in_prompt(start, length, _value_error)
             adapted_request.logprob_start_len = engine_logprob_start(start)
             adapted_request.return_logprob = True
         return adapted_request, processed_request
@@ -393,109 +373,9 @@ def finish_chat_response(method: Callable) -> Callable:
         meta_info = ret[0].get("meta_info") or {}
         prompt = request.input_ids if has_input_ids(request) else None
         length = meta_info.get("prompt_tokens")
-        if not _is_int(length):
+        if not is_int(length):
             length = engine_logprob_start(start) + len(meta_info.get("input_token_logprobs") or ())
         response.prompt_logprobs = prompt_logprobs(meta_info, start, length, prompt)
         return response
 
     return build
-
-
-# logprob entries
-
-
-def set_logprob_token_ids(entries: Sequence[Any], raw_tokens: Sequence[Any], raw_tops: Sequence[Any] | None) -> None:
-    """Set ``token_id`` on logprob entries built, one per engine triple, from ``raw_tokens``
-    (``(logprob, id, text)``), and on each entry's ``top_logprobs`` from ``raw_tops``.
-
-    SGLang 0.5.9 first turns each top-logprobs row into a dict keyed by the token's text, so two ids
-    with one text collapse into one entry holding the later one's logprob: the id that goes with an
-    entry is the last one of that text in the row, found the same way.
-    """
-    raw_tops = raw_tops or []
-    for position, entry in enumerate(entries):
-        if position < len(raw_tokens):
-            entry.token_id = int(raw_tokens[position][1])
-        tops = getattr(entry, "top_logprobs", None)
-        row = raw_tops[position] if position < len(raw_tops) else None
-        if not tops or not row:
-            continue
-        if len(tops) == len(row) and all((top.token or "") == (raw[2] or "") for top, raw in zip(tops, row)):
-            for top, raw in zip(tops, row):
-                top.token_id = int(raw[1])
-            continue
-        by_text = {}
-        for raw in row:
-            by_text[raw[2]] = int(raw[1])
-        for top in tops:
-            if top.token in by_text:
-                top.token_id = by_text[top.token]
-
-
-def logprob_ids_from_raw(method: Callable) -> Callable:
-    """Decorate SGLang 0.5.23's ``_build_token_logprobs_from_raw(self, output_token_logprobs,
-    output_top_logprobs)``: each entry it builds gets the id of its triple."""
-    signature = inspect.signature(method)
-
-    @functools.wraps(method)
-    def build(self: Any, *args: Any, **kwargs: Any) -> Any:
-        entries = method(self, *args, **kwargs)
-        arguments = signature.bind_partial(self, *args, **kwargs).arguments
-        set_logprob_token_ids(entries, arguments.get("output_token_logprobs") or [],
-                              arguments.get("output_top_logprobs"))
-        return entries
-
-    return build
-
-
-def response_logprob_ids(method: Callable) -> Callable:
-    """Decorate SGLang 0.5.9's ``_process_response_logprobs(self, ret_item)``."""
-
-    @functools.wraps(method)
-    def process(self: Any, ret_item: dict, *args: Any, **kwargs: Any) -> Any:
-        logprobs = method(self, ret_item, *args, **kwargs)
-        meta_info = ret_item["meta_info"]
-        set_logprob_token_ids(logprobs.content, meta_info["output_token_logprobs"],
-                              meta_info.get("output_top_logprobs"))
-        return logprobs
-
-    return process
-
-
-def stream_logprob_ids(method: Callable) -> Callable:
-    """Decorate SGLang 0.5.9's ``_process_streaming_logprobs(self, content, n_prev_token)``: the
-    entries stand for the engine's triples from ``n_prev_token`` on.
-
-    0.5.9 gives every entry of a chunk the top logprobs of the chunk's first token (it assumes one
-    token per chunk; outputs that queue up carry several). Each entry's ``top_logprobs`` are rebuilt
-    from its own row, as the non-streaming path builds them, so that their ids are right.
-
-    From 0.5.11 an incremental stream's meta_info holds only the new triples (the release does not
-    slice them by ``n_prev_token``): the entries then stand for the last ones, whatever the offset.
-    """
-
-    @functools.wraps(method)
-    def process(self: Any, content: dict, n_prev_token: int, *args: Any, **kwargs: Any) -> Any:
-        logprobs = method(self, content, n_prev_token, *args, **kwargs)
-        meta_info = content["meta_info"]
-        tokens = meta_info["output_token_logprobs"]
-        start = n_prev_token
-        if len(tokens) - n_prev_token != len(logprobs.content):
-            start = max(len(tokens) - len(logprobs.content), 0)
-        rows = (meta_info.get("output_top_logprobs") or [])[start:]
-        for position, entry in enumerate(logprobs.content):
-            if position and position < len(rows) and rows[position] is not None and entry.top_logprobs:
-                entry.top_logprobs = _tops_from_row(type(entry.top_logprobs[0]), rows[position])
-        set_logprob_token_ids(logprobs.content, tokens[start:], rows)
-        return logprobs
-
-    return process
-
-
-def _tops_from_row(top_class: Callable[..., Any], row: Sequence[Any]) -> list:
-    """0.5.9's top-logprob entries for one row of triples: keyed by text, a later duplicate wins."""
-    by_text: dict[str, Any] = {}
-    for logprob, _, text in row:
-        by_text[text] = logprob
-    return [top_class(token=text, bytes=list(text.encode("utf-8")), logprob=logprob)
-            for text, logprob in by_text.items()]

@@ -1,9 +1,11 @@
-"""What the tito-patched vLLM chat code calls: token-in/token-out on ``/v1/chat/completions``.
+"""What the tito-patched vLLM code calls: token-in/token-out on ``/v1/chat/completions`` (and
+``/v1/responses``).
 
-Imported by the patched engine files (protocol.py, serving.py, online_renderer.py) inside the
-API-server process. Everything here is plain Python over dicts, lists and duck-typed request and
-response objects, so it is unit-tested without vLLM; the one vLLM name used, the validation error
-that the server turns into an HTTP 400, is imported lazily.
+Imported by the patched engine files (protocol.py, serving.py, online_renderer.py, and the
+Responses API's protocol.py and serving.py) inside the API-server process. Everything here is plain
+Python over dicts, lists and duck-typed request and response objects, so it is unit-tested without
+vLLM; the one vLLM name used, the validation error that the server turns into an HTTP 400, is
+imported lazily. The request checks both engines share are ``toolkit.patches.common.tito.validate``.
 
 The contract (docs/tito.md):
 
@@ -17,6 +19,9 @@ The contract (docs/tito.md):
   last assistant message): the prompt starts with these ids exactly and continues with what the
   template puts after them (``toolkit.patches.common.prefix_splice``).
 - ``tokens`` (prime-rl / verifiers' ``/v1/chat/completions/tokens`` body): the same as ``input_ids``.
+
+On ``/v1/responses`` too: ``input_ids`` as the prompt, and the turn's ids on the response and on each
+of its output items (``response_items``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,17 @@ from typing import Any, Iterable, Sequence
 
 from toolkit.patches.common import prefix_splice
 from toolkit.patches.common.env import env_flag
+from toolkit.patches.common.tito import validate
+from toolkit.patches.common.tito.validate import is_int
+from toolkit.patches.vllm.tito.response_items import (ItemMarkers, raw_tokens, split_item_ids,
+                                                      with_item_done_token_ids, with_output_item_token_ids)
+
+# What the patched engine files call on this module (codemods.py injects ``runtime.<name>``), and the
+# Responses output-item rule (response_items.py), re-exported beside the response it completes.
+__all__ = ["ItemMarkers", "check_prompt", "normalize_request", "normalize_responses_request",
+           "prompt_ids_from_request", "prompt_logprobs_from", "splice_prefix", "split_item_ids",
+           "with_item_done_token_ids", "with_logprob_token_ids", "with_output_item_token_ids",
+           "with_response_token_ids"]
 
 ENV_RETURN_TOKEN_IDS = "TOOLKIT_RETURN_TOKEN_IDS"
 
@@ -50,31 +66,13 @@ def return_token_ids_by_default() -> bool:
     return env_flag(ENV_RETURN_TOKEN_IDS)
 
 
-def _is_int(value: Any) -> bool:
-    return type(value) is int  # bool is an int subclass; JSON 1.0 is a float: neither is a token id
-
-
 # --------------------------------------------------------------------------------------------------
 # request fields (ChatCompletionRequest's "before" validator)
 
 
 def check_input_ids(ids: Any, field: str = "input_ids") -> list[int]:
-    """Type checks that need no engine: a non-empty list of non-negative ints."""
-    if not isinstance(ids, list):
-        raise bad_request(f"`{field}` must be a list of integer token ids, got {type(ids).__name__}", field)
-    if not ids:
-        raise bad_request(f"`{field}` must not be empty: the prompt needs at least one token", field)
-    if all(type(value) is int for value in ids) and min(ids) >= 0:
-        return ids  # the common case, in C-speed loops; the loop below finds what is wrong
-    for position, value in enumerate(ids):
-        if not _is_int(value):
-            raise bad_request(
-                f"`{field}` must contain only integers: item {position} is {type(value).__name__} {value!r:.40}",
-                field,
-            )
-        if value < 0:
-            raise bad_request(f"`{field}` must not contain negative ids: item {position} is {value}", field)
-    return ids
+    """Type checks that need no engine (``validate.check_input_ids``), as vLLM's 400."""
+    return validate.check_input_ids(ids, bad_request, field)
 
 
 def normalize_request(data: Any) -> Any:
@@ -108,28 +106,13 @@ def normalize_request(data: Any) -> Any:
     elif data.get("return_token_ids") is None and return_token_ids_by_default():
         data["return_token_ids"] = True
 
-    start = data.get("logprob_start_len")
-    if start is not None:
-        if not _is_int(start):
-            raise bad_request(
-                f"`logprob_start_len` must be an integer, got {type(start).__name__} {start!r:.40}", "logprob_start_len"
-            )
-        if start < -1:
-            raise bad_request(
-                f"`logprob_start_len` must be -1 (no prompt logprobs) or a prompt position >= 0, got {start}",
-                "logprob_start_len",
-            )
-        if start >= 0:
-            if data.get("stream"):
-                raise bad_request(
-                    "`logprob_start_len` is not available with `stream=true` (prompt logprobs are non-streaming only)",
-                    "logprob_start_len",
-                )
-            if data.get("use_beam_search"):
-                raise bad_request("`logprob_start_len` is not available with beam search", "logprob_start_len")
-            if data.get("prompt_logprobs") is None:
-                top = data.get("top_logprobs")
-                data["prompt_logprobs"] = top if data.get("logprobs") and _is_int(top) and top > 0 else 0
+    start = validate.check_logprob_start_len(data, bad_request)
+    if start is not None and start >= 0:
+        if data.get("use_beam_search"):
+            raise bad_request("`logprob_start_len` is not available with beam search", "logprob_start_len")
+        if data.get("prompt_logprobs") is None:
+            top = data.get("top_logprobs")
+            data["prompt_logprobs"] = top if data.get("logprobs") and is_int(top) and top > 0 else 0
     return data
 
 
@@ -280,12 +263,7 @@ def check_prompt(request: Any, engine_inputs: Iterable[Any], max_model_len: int)
                     f"exceeds the model's context of {max_model_len} tokens",
                     field,
                 )
-        if start is not None and start >= length:
-            raise bad_request(
-                f"`logprob_start_len` is {start}, but the prompt has only {length} tokens "
-                f"(use -1, or a position from 0 to {length - 1})",
-                "logprob_start_len",
-            )
+        validate.check_logprob_start_in_prompt(start, length, bad_request)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,17 +321,6 @@ def normalize_responses_request(data: Any) -> Any:
     return data
 
 
-def _raw_tokens(messages: Any) -> list[list[int]] | None:
-    """The token lists of vLLM's own ``input_messages`` / ``output_messages`` (what it returns with
-    ``enable_response_messages``), or None where they are not token records (Harmony's messages)."""
-    if not isinstance(messages, list):
-        return None
-    tokens = [getattr(message, "tokens", None) for message in messages]
-    if not all(isinstance(ids, (list, tuple)) for ids in tokens):
-        return None
-    return [[int(i) for i in ids] for ids in tokens]
-
-
 def with_response_token_ids(request: Any, response: Any, context: Any, tokenizer: Any = None) -> Any:
     """``prompt_token_ids`` and ``token_ids`` on a Responses response when the request asks for them.
 
@@ -367,222 +334,11 @@ def with_response_token_ids(request: Any, response: Any, context: Any, tokenizer
     """
     if not getattr(request, "return_token_ids", None):
         return response
-    prompt = _raw_tokens(getattr(context, "input_messages", None))
-    output = _raw_tokens(getattr(context, "output_messages", None))
+    prompt = raw_tokens(getattr(context, "input_messages", None))
+    output = raw_tokens(getattr(context, "output_messages", None))
     if not prompt or output is None:
         return response  # Harmony (gpt-oss) keeps its own message records
     response.prompt_token_ids = prompt[0]
     response.token_ids = [i for ids in output for i in ids]
     with_output_item_token_ids(request, getattr(response, "output", None), context, tokenizer)
     return response
-
-
-# --------------------------------------------------------------------------------------------------
-# token ids per output item (responses/serving.py: the response's output and output_item.done)
-
-
-class ItemMarkers:
-    """How output items are delimited in the generated text: the reasoning parser's end marker
-    (``</think>``) and the tool parser's call start and end (``<tool_call>``, ``</tool_call>``), None
-    where the parser has none; ``decode`` turns ids into the text the parsers read, and
-    ``trailing`` are ids that end a turn (the tokenizer's special ids)."""
-
-    def __init__(self, decode: Any, think_end: str | None = None, call_start: str | None = None,
-                 call_end: str | None = None, trailing: Iterable[int] = ()) -> None:
-        self.decode = decode
-        self.think_end, self.call_start, self.call_end = think_end, call_start, call_end
-        self.trailing = frozenset(int(i) for i in trailing)
-
-
-def item_markers(parser: Any, tokenizer: Any) -> ItemMarkers | None:
-    """The markers of a request's response parser (vLLM's ``Parser``, with its reasoning and tool
-    parsers) and ``tokenizer``'s decoding; None without a tokenizer."""
-    if tokenizer is None:
-        return None
-    reasoning = getattr(parser, "reasoning_parser", None) or getattr(parser, "_reasoning_parser", None)
-    tools = getattr(parser, "tool_parser", None) or getattr(parser, "_tool_parser", None)
-
-    def marker(owner: Any, *names: str) -> str | None:
-        for name in names:
-            value = getattr(owner, name, None) if owner is not None else None
-            if isinstance(value, str) and value:
-                return value
-        return None
-
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
-
-    return ItemMarkers(decode, marker(reasoning, "reasoning_end_str", "end_token"),
-                       marker(tools, "tool_call_start_token"), marker(tools, "tool_call_end_token"),
-                       trailing=getattr(tokenizer, "all_special_ids", None) or ())
-
-
-class _Positions:
-    """Maps a character of the decoded ids to the id that produced it (a binary search over the
-    lengths of decoded prefixes, so a marker spelled by several ids is found as well as one id)."""
-
-    def __init__(self, ids: list[int], decode: Any) -> None:
-        self.ids, self.decode, self.lengths = ids, decode, {0: 0}
-
-    def length(self, count: int) -> int:
-        if count not in self.lengths:
-            self.lengths[count] = len(self.decode(self.ids[:count]))
-        return self.lengths[count]
-
-    def token_of(self, char: int) -> int:
-        """The index of the id whose text holds character ``char``: the fewest ids whose text is
-        longer than ``char``, less one."""
-        low, high = 0, len(self.ids)
-        while low < high:
-            middle = (low + high) // 2
-            if self.length(middle + 1) > char:
-                high = middle
-            else:
-                low = middle + 1
-        return min(low, len(self.ids) - 1)
-
-
-def _occurrences(text: str, marker: str | None) -> list[int]:
-    found, start = [], 0
-    while marker:
-        start = text.find(marker, start)
-        if start < 0:
-            break
-        found.append(start)
-        start += len(marker)
-    return found
-
-
-def split_item_ids(ids: Sequence[int], markers: ItemMarkers, has_reasoning: bool) -> dict[str, Any]:
-    """The generated ``ids`` cut into the runs that output items get (docs/tito.md's rule):
-
-    - ``reasoning``: from the first id through the one that ends the reasoning end marker
-      (``</think>``, included, as is a generated ``<think>``); when reasoning never ends, up to the
-      first call (or to the trailing end-of-turn ids). Only when the output has a reasoning item
-      (else those ids belong to no item).
-    - ``calls``: each tool call from the id that starts its start marker through the id that ends
-      its end marker (``<tool_call>`` ... ``</tool_call>``), or to the last id before trailing
-      end-of-turn ids when it is cut short.
-    - ``message``: the ids after the reasoning and before the first call (or before the trailing
-      end-of-turn ids).
-
-    Whatever lies outside these runs (the end-of-turn id, whitespace between calls) belongs to no
-    item. Markers are found in the decoded text, whichever ids spell them.
-    Returns {"reasoning": list | None, "message": list, "calls": [list, ...]}.
-    """
-    ids = [int(i) for i in ids]
-    end = len(ids)
-    while end > 0 and ids[end - 1] in markers.trailing:
-        end -= 1
-    body = ids[:end]
-    text = markers.decode(body) if body else ""
-    positions = _Positions(body, markers.decode)
-    start = 0
-    think_ends = _occurrences(text, markers.think_end)
-    if think_ends:
-        start = positions.token_of(think_ends[0] + len(markers.think_end) - 1) + 1
-    calls: list[list[int]] = []
-    message_end = end
-    char_start, previous = positions.length(start), -1
-    closes = _occurrences(text, markers.call_end)
-    for char in _occurrences(text, markers.call_start):
-        if char < char_start:
-            continue
-        first = max(positions.token_of(char), start, previous + 1)
-        if not calls:
-            message_end = first
-        close = next((c for c in closes if c > char), None)
-        last = end - 1 if close is None else positions.token_of(close + len(markers.call_end) - 1)
-        if last < first:
-            continue
-        calls.append(ids[first:last + 1])
-        previous = last
-    reasoning = None
-    if has_reasoning:
-        if not think_ends:  # reasoning never ended: it runs to the first call, or to the end
-            start = message_end
-        reasoning = ids[:start]
-    return {"reasoning": reasoning, "message": ids[start:message_end], "calls": calls}
-
-
-def _item_type(item: Any) -> str | None:
-    return item.get("type") if isinstance(item, dict) else getattr(item, "type", None)
-
-
-def _set_item_ids(item: Any, ids: list[int]) -> None:
-    if isinstance(item, dict):
-        item["token_ids"] = ids
-    else:
-        setattr(item, "token_ids", ids)  # openai's models keep extra fields and serialize them
-
-
-def _turn_output_ids(context: Any) -> list[int] | None:
-    output = _raw_tokens(getattr(context, "output_messages", None))
-    return None if output is None else [i for ids in output for i in ids]
-
-
-def _runs(request: Any, context: Any, tokenizer: Any, ids: list[int], has_reasoning: bool) -> dict[str, Any] | None:
-    markers = item_markers(getattr(context, "response_parser", None), tokenizer)
-    if markers is None:
-        return None
-    runs = split_item_ids(ids, markers, has_reasoning)
-    if getattr(request, "tools", None) and (markers.call_start is None or markers.call_end is None):
-        # a tool parser without call markers (pythonic, JSON-only...): where its calls begin is not
-        # known, so neither the message's run nor the calls' are given
-        runs["message"], runs["calls"] = None, []
-    return runs
-
-
-def _ids_for(item: Any, runs: dict[str, Any], calls_before: int) -> list[int] | None:
-    kind = _item_type(item)
-    if kind == "reasoning":
-        return runs["reasoning"]
-    if kind == "message":
-        return runs["message"]
-    if kind == "function_call" and calls_before < len(runs["calls"]):
-        return runs["calls"][calls_before]
-    return None
-
-
-def with_output_item_token_ids(request: Any, output: list, context: Any, tokenizer: Any) -> list:
-    """``token_ids`` on each output item of a Responses response (``split_item_ids``' rule), when
-    the request asks for ids; Harmony's items and output the rule cannot cut keep vLLM's shape."""
-    if not getattr(request, "return_token_ids", None) or not output:
-        return output
-    ids = _turn_output_ids(context)
-    if ids is None:
-        return output
-    runs = _runs(request, context, tokenizer, ids, any(_item_type(item) == "reasoning" for item in output))
-    if runs is None:
-        return output
-    calls = 0
-    for item in output:
-        item_ids = _ids_for(item, runs, calls)
-        calls += _item_type(item) == "function_call"
-        if item_ids is not None:
-            _set_item_ids(item, item_ids)
-    return output
-
-
-def with_item_done_token_ids(request: Any, event: Any, context: Any, tokenizer: Any) -> Any:
-    """``token_ids`` on the item of a streamed ``response.output_item.done``: the same run as the
-    item gets on the final response, cut from the ids generated so far (a finished item's run no
-    longer changes). Other events pass through."""
-    if getattr(event, "type", None) != "response.output_item.done" or not getattr(request, "return_token_ids", None):
-        return event
-    item = getattr(event, "item", None)
-    ids = _turn_output_ids(context)
-    if item is None or ids is None:
-        return event
-    seen = getattr(context, "_toolkit_tito_items", None)
-    if seen is None:
-        seen = []
-        context._toolkit_tito_items = seen  # the types of the items already done, in order
-    kind = _item_type(item)
-    runs = _runs(request, context, tokenizer, ids, "reasoning" in seen or kind == "reasoning")
-    if runs is not None:
-        item_ids = _ids_for(item, runs, seen.count("function_call"))
-        if item_ids is not None:
-            _set_item_ids(item, item_ids)
-    seen.append(kind)
-    return event
