@@ -129,3 +129,18 @@ def test_reading_the_patch_declarations_loads_no_codemod():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     count, libcst_loaded = out.stdout.split()
     assert int(count) >= 6 and libcst_loaded == "False", out.stdout
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_no_product_module_is_over_450_lines():
+    """A module does one job: past 450 lines it holds several, and is split where they part
+    (docs/architecture.md, "Modules along their seams")."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    long = {str(path.relative_to(root)): n for folder in ("toolkit", "patches", "verify", "kernels")
+            for path in sorted((root / folder).rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
