@@ -10,6 +10,10 @@ The paged kernels take each of K and V as one argument, a :class:`PagedCache` (a
 Triton passes its fields as kernel parameters, specialised like any other), so what addresses a
 (block, head) is declared once, here.  The block table is one argument beside them: K and V share
 it, and one pointer lets the compiler load a key's block id once for both.
+
+The two search kernels (decode, prefill) take what they share besides the cache the same way: one
+:class:`StripeSearch` (the queries, the stripe tables, the top-k buffers and k), built by
+:func:`stripe_search`.
 """
 
 from __future__ import annotations
@@ -45,6 +49,31 @@ def paged_cache(kv, which: str) -> PagedCache:
         perm, token, dim, has_perm = layout.perm, 0, 0, True
     return PagedCache(cache, perm, cache.stride(0), cache.stride(1), token, dim, tl.constexpr(kv.block_size),
                       tl.constexpr(has_perm))
+
+
+class StripeSearch(NamedTuple):
+    """One stripe search as a Triton kernel argument: the query rows it scores, the stripe tables
+    it walks and the top-k buffers it fills (rows: requests in decode, tokens in prefill)."""
+
+    q: torch.Tensor  # [rows, H_Q, D], any strides
+    stride_row: int
+    stride_head: int
+    stride_dim: int
+    stripe_distance: torch.Tensor  # int32: stripe j's anchor is position + 1 - stripe_distance[j]
+    stripe_count: torch.Tensor  # int32 [max_len]: the stripes with an anchor >= 0 at each position
+    anchor: torch.Tensor  # int32 [..., topk], written
+    score: torch.Tensor  # fp32 [..., topk], written
+    topk: tl.constexpr
+    topk_pad: tl.constexpr  # next power of two: the register width of a top-k set
+
+
+def stripe_search(q: torch.Tensor, geo, lead: tuple[int, ...], topk: int) -> StripeSearch:
+    """The search of ``q`` over ``geo``'s stripes (int32 tables) into fresh ``(*lead, topk)`` buffers;
+    ``lead`` is the launcher's output layout, which its kernel indexes."""
+    anchor = torch.empty((*lead, topk), dtype=torch.int32, device=q.device)
+    score = torch.empty((*lead, topk), dtype=torch.float32, device=q.device)
+    return StripeSearch(q, *q.stride(), geo.stripe_distance, geo.stripe_count, anchor, score,
+                        tl.constexpr(topk), tl.constexpr(triton.next_power_of_2(topk)))
 
 
 @triton.jit

@@ -37,26 +37,25 @@ from .common import (
     stripe_block,
 )
 from .decode import BLOCK_K, BLOCK_S, _decode_merge_kernel, decode_splits
-from .paged_common import decode_request, load_paged_rows, paged_cache
+from .paged_common import decode_request, load_paged_rows, paged_cache, stripe_search
 
 
 @triton.jit
 def _paged_decode_search_kernel(
-    Q, K, BT, REQ_ROW, SEQ_LEN, STRIPE, COUNT, ANCHOR, SCORE,
-    stride_qb, stride_qh, stride_qd, stride_bt, H, G, DIM,
-    TOPK: tl.constexpr, KPAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    SEARCH, K, BT, REQ_ROW, SEQ_LEN, stride_bt, H, G, DIM, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b, h, kvh, pos, table_base = decode_request(SEQ_LEN, REQ_ROW, stride_bt, pid, H, G)
-    q, d, d_ok = load_query_row(Q, b, h, stride_qb, stride_qh, stride_qd, DIM, BLOCK_D)
+    q, d, d_ok = load_query_row(SEARCH.q, b, h, SEARCH.stride_row, SEARCH.stride_head, SEARCH.stride_dim, DIM,
+                                BLOCK_D)
     k_head = K.data + kvh.to(tl.int64) * K.stride_head
-    slot, ts, ta = empty_topk_row(KPAD, TOPK)
-    n = tl.where(pos >= 0, tl.load(COUNT + tl.maximum(pos, 0)), 0)
+    slot, ts, ta = empty_topk_row(SEARCH.topk_pad, SEARCH.topk)
+    n = tl.where(pos >= 0, tl.load(SEARCH.stripe_count + tl.maximum(pos, 0)), 0)
     for j0 in range(0, n, BLOCK_S):
-        a, ok = stripe_block(STRIPE, pos, j0, n, BLOCK_S)
+        a, ok = stripe_block(SEARCH.stripe_distance, pos, j0, n, BLOCK_S)
         kr = load_paged_rows(K, k_head, BT, table_base, a, ok, d, d_ok, DIM).to(tl.float32)
-        ts, ta = insert_block_best(ts, ta, q, kr, a, ok, TOPK)
-    store_topk(ANCHOR, SCORE, pid.to(tl.int64) * TOPK + slot, slot < TOPK, ts, ta)
+        ts, ta = insert_block_best(ts, ta, q, kr, a, ok, SEARCH.topk)
+    store_topk(SEARCH.anchor, SEARCH.score, pid.to(tl.int64) * SEARCH.topk + slot, slot < SEARCH.topk, ts, ta)
 
 
 @triton.jit
@@ -103,13 +102,12 @@ def triton_superlinear_decode_paged(q1: torch.Tensor, q2: torch.Tensor, kv, para
     seq_lens = kv.seq_lens.to(device=device, dtype=torch.int32)
     bd = block_dim(dim)
 
-    anchor = torch.empty((batch, heads, topk), dtype=torch.int32, device=device)
-    score = torch.empty((batch, heads, topk), dtype=torch.float32, device=device)
+    search = stripe_search(q1, geo, (batch, heads), topk)
     _paged_decode_search_kernel[(batch * heads,)](
-        q1, k, block_table, req_rows, seq_lens, geo.stripe_distance, geo.stripe_count, anchor, score,
-        *q1.stride(), block_table.stride(0), heads, group, dim,
-        TOPK=topk, KPAD=triton.next_power_of_2(topk), BLOCK_S=BLOCK_S, BLOCK_D=bd, num_warps=4,
+        search, k, block_table, req_rows, seq_lens, block_table.stride(0), heads, group, dim,
+        BLOCK_S=BLOCK_S, BLOCK_D=bd, num_warps=4,
     )
+    anchor, score = search.anchor, search.score
     n_split, split = decode_splits(params, max_seq_len)
     part_lse = torch.empty((batch * heads * (topk + 1) * n_split,), dtype=torch.float32, device=device)
     part_out = torch.empty((batch * heads * (topk + 1) * n_split, dim), dtype=torch.float32, device=device)

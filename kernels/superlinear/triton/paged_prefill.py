@@ -44,15 +44,14 @@ from .common import (
     store_topk,
     tile_pairs,
 )
-from .paged_common import load_paged_rows, paged_cache
+from .paged_common import load_paged_rows, paged_cache, stripe_search
 from .prefill import _canonical_order
 
 
 @triton.jit
 def _paged_search_kernel(
-    Q, K, BT, TOKEN_ROW, POS, STRIPE, COUNT, ANCHOR, SCORE,
-    stride_qt, stride_qh, stride_qd, stride_bt, T, G, DIM,
-    TOPK: tl.constexpr, KPAD: tl.constexpr, GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    SEARCH, K, BT, TOKEN_ROW, POS, stride_bt, T, G, DIM,
+    GP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     # Rows r = g * BLOCK_Q + i: query head kvh * G + g of token i of the block (as search.py); the
     # tokens of a block may belong to different requests, so each has its own block-table row.
@@ -64,20 +63,21 @@ def _paged_search_kernel(
     qpos = tl.load(POS + tokens, mask=t_ok, other=-1)
     table_base = tl.load(TOKEN_ROW + tokens, mask=t_ok, other=0).to(tl.int64) * stride_bt
     rows, row_ok, h, d, d_ok = group_rows(pid_q, kvh, T, G, DIM, GP, BLOCK_Q, BLOCK_D)
-    q = tl.load(Q + rows[:, None].to(tl.int64) * stride_qt + h[:, None].to(tl.int64) * stride_qh
-                + d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+    q = tl.load(SEARCH.q + rows[:, None].to(tl.int64) * SEARCH.stride_row
+                + h[:, None].to(tl.int64) * SEARCH.stride_head + d[None, :] * SEARCH.stride_dim,
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     k_head = K.data + kvh.to(tl.int64) * K.stride_head
 
-    slot, ts, ta = empty_topk(GP * BLOCK_Q, KPAD, TOPK)
-    n = tl.load(COUNT + tl.max(tl.maximum(qpos, 0), 0))
+    slot, ts, ta = empty_topk(GP * BLOCK_Q, SEARCH.topk_pad, SEARCH.topk)
+    n = tl.load(SEARCH.stripe_count + tl.max(tl.maximum(qpos, 0), 0))
     for j in range(0, n):
-        a_q = qpos + 1 - tl.load(STRIPE + j)
+        a_q = qpos + 1 - tl.load(SEARCH.stripe_distance + j)
         ok_q = t_ok & (a_q >= 0)
         kr = load_paged_rows(K, k_head, BT, table_base, a_q, ok_q, d, d_ok, DIM).to(tl.float32)
         ts, ta = insert_group_candidates(ts, ta, q, kr, a_q, ok_q, row_ok, GP, BLOCK_Q, BLOCK_D)
 
-    out = (h[:, None].to(tl.int64) * T + rows[:, None]) * TOPK + slot[None, :]
-    store_topk(ANCHOR, SCORE, out, row_ok[:, None] & (slot[None, :] < TOPK), ts, ta)
+    out = (h[:, None].to(tl.int64) * T + rows[:, None]) * SEARCH.topk + slot[None, :]
+    store_topk(SEARCH.anchor, SEARCH.score, out, row_ok[:, None] & (slot[None, :] < SEARCH.topk), ts, ta)
 
 
 @triton.jit
@@ -176,17 +176,15 @@ def triton_superlinear_attention_paged(q1: torch.Tensor, q2: torch.Tensor, kv, q
     bd = block_dim(dim)
 
     # 1. search
-    anchor = torch.empty((heads, num_tokens, topk), dtype=torch.int32, device=device)
-    score = torch.empty((heads, num_tokens, topk), dtype=torch.float32, device=device)
+    search = stripe_search(q1, geo32, (heads, num_tokens), topk)
     gp = triton.next_power_of_2(group)
     rows_per_program = 512 if interpreting() else (128 if bd <= 64 else 64)
     block_q = max(16, rows_per_program // gp)
     _paged_search_kernel[(kv_heads, triton.cdiv(num_tokens, block_q))](
-        q1, k, block_table, token_rows, pos32, geo32.stripe_distance, geo32.stripe_count, anchor, score,
-        *q1.stride(), block_table.stride(0), num_tokens, group, dim,
-        TOPK=topk, KPAD=triton.next_power_of_2(topk), GP=gp, BLOCK_Q=block_q, BLOCK_D=bd, num_warps=4,
+        search, k, block_table, token_rows, pos32, block_table.stride(0), num_tokens, group, dim,
+        GP=gp, BLOCK_Q=block_q, BLOCK_D=bd, num_warps=4,
     )
-    anchor, score = _canonical_order(anchor.long()[None], score[None], max_len)  # [1, H, T, k]
+    anchor, score = _canonical_order(search.anchor.long()[None], search.score[None], max_len)  # [1, H, T, k]
 
     # 2. key ranges: k spans, then the window, per (head, token)
     positions = pos[None]  # [1, T]
