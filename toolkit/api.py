@@ -17,13 +17,6 @@ if TYPE_CHECKING:
     from toolkit.repair import FetchRelease, RepairResult
 
 
-def resolve_engines(
-    engine: str | None = None, patches: Sequence[str] | None = None, python: str | None = None
-) -> list[InstalledEngine]:
-    """The installed engines a command is about: the one named, the ones ``patches`` belong to, or all."""
-    return engines_of(select(engine, patches), python)
-
-
 def engines_of(selection: Selection, python: str | None) -> list[InstalledEngine]:
     """The installed engines of ``python`` that ``selection`` is about."""
     wanted = selection.engines()

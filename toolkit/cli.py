@@ -22,7 +22,7 @@ from toolkit import api
 from toolkit import cli_output as out
 from toolkit import engine as _engine
 from toolkit import patch_registry
-from toolkit.api import apply_each, engines_of, installed_engines, revert_each, select
+from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
 from toolkit.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
 from toolkit.patch_registry import did_you_mean
@@ -233,8 +233,8 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
     selection = select(args.engine)
-    engines = engines_of(selection, args.python)
-    if not engines and args.engine is None:
+    per_engine = status_each(selection, args.python)
+    if not per_engine and args.engine is None:
         # Nothing installed is a state to report, not a mistake: `toolkit status` answers it (exit 0).
         if args.json:
             out.emit_json(True, patches=[])
@@ -242,8 +242,10 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
             console.print(f"no vLLM or SGLang installed for {args.python or sys.executable}", markup=False,
                           highlight=False)
         return 0
-    engines = engines or installed_engines(selection, args.python, python_option=PYTHON_OPTION)
-    rows = [row for installed in engines for row in _engine.status(installed, catalog=selection.catalog(installed.engine))]
+    if not per_engine:
+        installed_engines(selection, args.python, python_option=PYTHON_OPTION)  # none: the usage error
+    engines = [installed for installed, _ in per_engine]
+    rows = [row for _, engine_rows in per_engine for row in engine_rows]
     declared = {(p.engine, p.id): p for p in selection.known}
     notes = {}
     for row in rows:

@@ -68,9 +68,10 @@ class Catalog:
         return known + sorted(wanted - set(known))
 
 
-def catalog(engine: str) -> Catalog:
-    """The engine's catalog for a caller that starts below a command's edge (tests, scripts)."""
-    return Catalog(engine, tuple(p for p in registry() if p.engine == engine))
+def catalog(engine: str, known: Sequence[Patch] | None = None) -> Catalog:
+    """The engine's patches among ``known`` (default: the registry, read now, for a caller that starts
+    below a command's edge: tests, scripts)."""
+    return Catalog(engine, tuple(p for p in (registry() if known is None else known) if p.engine == engine))
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class Selection:
         return set(ENGINE_NAMES)
 
     def catalog(self, engine: str) -> Catalog:
-        return Catalog(engine, tuple(p for p in self.known if p.engine == engine))
+        return catalog(engine, self.known)
 
     def named(self, engine: str) -> list[Patch] | None:
         """The named patches of ``engine`` (None: every patch)."""
