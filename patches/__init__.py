@@ -31,9 +31,11 @@ def _own_first(entry) -> int:
 
 
 def all_patches() -> list[Patch]:
-    """Every registered patch: this project's in the order pyproject.toml lists them (patches that edit
-    the same file are applied in that order), then other packages' patches. Read afresh on each call
-    (~13 ms): a command asks once, at its edge (``toolkit.patch_registry.select``)."""
+    """Every registered patch: this project's in the order pyproject.toml lists them, then other
+    packages' patches by engine and id (never by the order the environment lists distributions in,
+    which differs between machines). The order patches apply in is that one, except where a patch
+    declares ``after=`` (``toolkit.patch_registry.ordered``). Read afresh on each call (~13 ms): a
+    command asks once, at its edge (``toolkit.patch_registry.select``)."""
     return _load_patches()
 
 
@@ -41,7 +43,8 @@ def _load_patches() -> list[Patch]:
     from importlib.metadata import entry_points
 
     found: dict[tuple[str, str], tuple[str, Patch]] = {}
-    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=_own_first):  # stable: keeps file order
+    foreign: set[tuple[str, str]] = set()
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=_own_first):  # stable: keeps our file order
         try:
             patch = entry.load()
         except Exception as exc:  # a broken third-party patch must say which one it is
@@ -51,4 +54,7 @@ def _load_patches() -> list[Patch]:
             raise RegistryError(f"two entry points declare {patch.engine} patch {patch.id}: "
                                 f"{found[key][0]} and {entry.value}")
         found[key] = (entry.value, patch)
-    return [patch for _, patch in found.values()]
+        if _own_first(entry):
+            foreign.add(key)
+    own = [patch for key, (_, patch) in found.items() if key not in foreign]
+    return own + [found[key][1] for key in sorted(foreign)]

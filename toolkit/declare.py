@@ -70,6 +70,9 @@ class Patch:
     # Releases that need no patch because the engine serves the feature another way (a plugin entry
     # point): (PEP 440 range, why). ``apply-patch`` and ``status`` say so instead of "not supported".
     not_needed: tuple[str, str] = ("", "")
+    # Patches (ids, same engine) this one applies after when both are applied. Two patches that edit
+    # the same function must be ordered by it (either way); a plan refuses them otherwise.
+    after: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -77,6 +80,9 @@ class Patch:
         if not isinstance(self.versions, str):
             raise TypeError(f"patch {self.id}: versions must be one range such as '>=0.5.9,<=0.5.23', "
                             f"not {type(self.versions).__name__}")
+        if isinstance(self.after, str):
+            raise TypeError(f"patch {self.id}: after must be a sequence of patch ids, such as ('tito',), "
+                            f"not the string {self.after!r}")
         specs = SpecifierSet(self.versions)  # validate early: a bad specifier is a bug in the patch
         # A release newer than the newest one proved stays refused (--allow-unknown-version tries it).
         if not any(s.operator in UPPER_BOUNDS for s in specs):

@@ -11,7 +11,9 @@ file (the backup under ``.toolkit-state``, found by a path relative to the patch
 in its place (``sys.modules``), logs one warning per process naming the command that puts the
 release's files back, and binds the runtime name to a stand-in so the rest of the patched file can
 finish executing; nothing of it is used. An import error of anything other than ``toolkit`` is
-raised as it was.
+raised as it was. Another distribution's patch imports its own runtime
+(``from my_patch import runtime as _my_patch  # toolkit:my-patch``): the same guard, with its
+package as the owner whose absence it forgives.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ HELPER = "_toolkit_release"
 # Written once per file, before its first guarded import. Plain stdlib code: it runs inside the
 # engine when this project is gone, so it can rely on nothing of it.
 _HELPER_TEMPLATE = '''
-def {helper}(missing, backup):
-    """serving-toolkit patched this file and is not importable now: run the release's own file (the
-    backup the patch kept) as this module instead, warn once, and return a stand-in for the runtime."""
+def {helper}(missing, backup, owner="toolkit"):
+    """serving-toolkit (or the patch package ``owner``) patched this file and is not importable now: run
+    the release's own file (the backup the patch kept) as this module instead, warn once, and return a
+    stand-in for the runtime."""
     import logging, os, sys, types
-    if missing.name != "toolkit" and not (missing.name or "").startswith("toolkit."):
+    if (missing.name or "").partition(".")[0] not in ("toolkit", owner):
         raise missing
 
     class Unused:  # the runtime's stand-in while the rest of the patched file runs; nothing calls it later
@@ -64,7 +67,7 @@ def {helper}(missing, backup):
     if not getattr(sys, "_toolkit_release_warned", False):
         sys._toolkit_release_warned = True
         logging.getLogger("toolkit").warning(
-            "serving-toolkit is not importable, but it patched this {engine} install: its patched files run as "
+            f"{{'serving-toolkit' if owner == 'toolkit' else owner}} is not importable, but it patched this {engine} install: its patched files run as "
             "the release wrote them (the patches are off). To put the release's files back, run "
             "`pip install serving-toolkit=={version} && toolkit revert {engine}`; or reinstall {engine}.")
     exec(code, module.__dict__)
@@ -75,7 +78,7 @@ _GUARD_TEMPLATE = '''
 try:
     {line}
 except ModuleNotFoundError as _toolkit_missing:
-    {name} = {helper}(_toolkit_missing, {backup!r})
+    {name} = {helper}(_toolkit_missing, {backup!r}{owner})
 '''
 
 
@@ -84,20 +87,26 @@ def backup_relative_to(engine_file: Path, backup: Path) -> str:
     return os.path.relpath(backup, engine_file.parent)
 
 
-def _runtime_alias(statement: cst.BaseStatement) -> str | None:
-    """``N`` when ``statement`` is ``from toolkit.patches.<...> import runtime as N`` alone on its line."""
+def _runtime_import(statement: cst.BaseStatement) -> tuple[str, str] | None:
+    """(``N``, the importing package's top-level name) when ``statement`` is a patch's runtime import
+    alone on its line: ``from toolkit.patches.<...> import runtime as N``, or another distribution's
+    ``from <package> import runtime as N  # toolkit:<id>`` (its codemod's RUNTIME, marked)."""
     if not m.matches(statement, m.SimpleStatementLine(body=[m.ImportFrom()])):
         return None
     node = statement.body[0]
     module = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
-    if not module or not module.startswith("toolkit.patches.") or node.relative:
+    if not module or node.relative:
+        return None
+    comment = statement.trailing_whitespace.comment
+    marked = comment is not None and comment.value.startswith("# toolkit:")
+    if not (module.startswith("toolkit.patches.") or marked):
         return None
     if isinstance(node.names, cst.ImportStar) or len(node.names) != 1:
         return None
     alias = node.names[0]
     if alias.asname is None or cst.helpers.get_full_name_for_node(alias.name) != "runtime":
         return None
-    return cst.helpers.get_full_name_for_node(alias.asname.name)
+    return cst.helpers.get_full_name_for_node(alias.asname.name), module.partition(".")[0]
 
 
 def guard_runtime_imports(source: str, engine: str, backup: str) -> str:
@@ -111,17 +120,20 @@ def guard_module(module: cst.Module, engine: str, backup: str) -> cst.Module:
     blank = [cst.EmptyLine(), cst.EmptyLine()]
     helper_written = False
     for statement in module.body:
-        name = _runtime_alias(statement)
-        if name is None:
+        found = _runtime_import(statement)
+        if found is None:
             body.append(statement)
             continue
+        name, owner = found
         spacing: list[cst.EmptyLine] = []
         if not helper_written:
             helper = _HELPER_TEMPLATE.format(helper=HELPER, engine=engine, version=__version__)
             body.append(cst.parse_module(helper).body[0].with_changes(leading_lines=blank))
             helper_written, spacing = True, blank
         line = module.code_for_node(statement.with_changes(leading_lines=())).strip()
-        guard = _GUARD_TEMPLATE.format(line=line, name=name, helper=HELPER, backup=backup)
+        # this project's own imports keep the two-argument call (the bytes patched installs already have)
+        guard = _GUARD_TEMPLATE.format(line=line, name=name, helper=HELPER, backup=backup,
+                                       owner="" if owner == "toolkit" else f", {owner!r}")
         guarded = list(cst.parse_module(guard).body)
         guarded[0] = guarded[0].with_changes(leading_lines=[*spacing, *statement.leading_lines])
         body.extend(guarded)

@@ -39,7 +39,7 @@ def check_engine(engine: str | None) -> None:
 
 @dataclass(frozen=True)
 class Catalog:
-    """One engine's registered patches, in registry order (the order patches sharing a file apply in)."""
+    """One engine's registered patches, in the order they apply in (``after=``, then registry order)."""
 
     engine: str
     patches: tuple[Patch, ...]
@@ -61,6 +61,23 @@ class Catalog:
                                  f"(known: {', '.join(sorted(self.ids)) or 'none'})")
         return [p for p in self.patches if not patch_ids or p.id in patch_ids]
 
+    def ordered_between(self, first: str, second: str) -> bool:
+        """Whether ``after=`` declarations (followed through other patches) order the two patches."""
+        after = {p.id: set(p.after) for p in self.patches}
+
+        def reaches(start: str, goal: str) -> bool:
+            seen, todo = set(), [start]
+            while todo:
+                current = todo.pop()
+                if current == goal:
+                    return True
+                if current not in seen:
+                    seen.add(current)
+                    todo.extend(after.get(current, ()))
+            return False
+
+        return reaches(first, second) or reaches(second, first)
+
     def order(self, patch_ids: Iterable[str]) -> list[str]:
         """``patch_ids`` in registry order; ids this toolkit does not know stay visible, last."""
         wanted = set(patch_ids)
@@ -70,8 +87,28 @@ class Catalog:
 
 def catalog(engine: str, known: Sequence[Patch] | None = None) -> Catalog:
     """The engine's patches among ``known`` (default: the registry, read now, for a caller that starts
-    below a command's edge: tests, scripts)."""
-    return Catalog(engine, tuple(p for p in (registry() if known is None else known) if p.engine == engine))
+    below a command's edge: tests, scripts), in the order they apply in (:func:`ordered`)."""
+    return Catalog(engine, ordered([p for p in (registry() if known is None else known) if p.engine == engine]))
+
+
+def ordered(patches: Sequence[Patch]) -> tuple[Patch, ...]:
+    """``patches`` (one engine's) in the order they apply in: each after every patch among them that
+    its ``after=`` names, otherwise in registry order. A circle of ``after=`` has no order: the
+    registry is refused in one sentence naming the patches in it."""
+    from toolkit.patches import RegistryError
+
+    present = {p.id for p in patches}
+    left, placed, done = list(patches), set(), []
+    while left:
+        ready = next((p for p in left if all(a in placed or a not in present for a in p.after)), None)
+        if ready is None:
+            circle = ", ".join(f"{p.id} after {'/'.join(a for a in p.after if a in present)}" for p in left)
+            raise RegistryError(f"{left[0].engine} patches order each other in a circle with after= ({circle}): "
+                                "no order applies them; drop one of those after= entries")
+        left.remove(ready)
+        placed.add(ready.id)
+        done.append(ready)
+    return tuple(done)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from toolkit import fs
 from toolkit.declare import FileEdit, Patch
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import DriftError, PatchError
+from toolkit.overlap import refuse_unordered
 from toolkit.state import FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.version import __version__
 from toolkit.journal import FileChange, read_or_none
@@ -116,6 +117,9 @@ def _wanted_contents(
     for relpath, original in originals.items():
         ids: list[str] = []
         text = ""
+        # (patch, its input, its output): the last output is guarded, which adds only the module-level
+        # helper `_toolkit_release`, never an edit to an engine function
+        steps: list[tuple[str, str, str]] = []
         edits = edits_by_file.get(relpath, [])
         for index, (patch, edit) in enumerate(edits):
             if not ids:
@@ -128,8 +132,10 @@ def _wanted_contents(
             if index == len(edits) - 1:  # last: guard the runtime imports (a patched engine without us starts)
                 backup = backup_relative_to(engine_file(engine, relpath), state.backup_path(relpath))
                 finish = functools.partial(guard_module, engine=engine.engine, backup=backup)
-            text = transform_or_raise(patch, edit, text, engine.version, finish).after
+            before, text = text, transform_or_raise(patch, edit, text, engine.version, finish).after
+            steps.append((patch.id, before, text))
             ids.append(patch.id)
+        refuse_unordered(relpath, steps, catalog.ordered_between, engine.engine, engine.version)
         wanted[relpath] = text.encode("utf-8") if ids else original
         patch_ids[relpath] = ids
     return originals, wanted, patch_ids

@@ -116,3 +116,29 @@ def test_the_guarded_file_keeps_each_import_line_and_its_marker():
     for line in PATCHED.splitlines()[1:3]:
         assert "    " + line in guarded.splitlines()
     compile(guarded, "mod.py", "exec")
+
+
+# Another distribution's patch (the patch kit): its codemod's RUNTIME is its own package, and the marked
+# import line is guarded the same way, forgiving that package's absence (and toolkit's), nothing else.
+FOREIGN = textwrap.dedent("""\
+    import os
+    from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+    from clamp_fix import runtime as _clamp_fix  # toolkit:clamp-fix
+    _clamp_fix.register(_toolkit_tito)
+    VALUE = 'patched'
+""")
+
+
+def test_another_packages_runtime_import_is_guarded_by_its_package(tmp_path):
+    guarded = guard_runtime_imports(FOREIGN, "vllm", BACKUP)
+    assert guarded.count("def _toolkit_release(") == 1
+    assert f"_toolkit_release(_toolkit_missing, {BACKUP!r}, 'clamp_fix')" in guarded
+    assert f"_toolkit_release(_toolkit_missing, {BACKUP!r})" in guarded  # our own: the bytes as before
+    seen, stderr = _import(_site(tmp_path, FOREIGN), hide=True, missing="clamp_fix")
+    assert seen == {"value": "release", "release": True, "names": []}
+    assert stderr.count("clamp_fix is not importable") == 1, stderr
+
+
+def test_an_unmarked_import_of_a_runtime_is_not_ours_to_guard():
+    source = "import os\nfrom somewhere import runtime as _r\nVALUE = 1\n"
+    assert guard_runtime_imports(source, "vllm", BACKUP) == source

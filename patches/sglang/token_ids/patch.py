@@ -15,4 +15,6 @@ PATCH = Patch(
     ),
     summary="prompt_token_ids and per-choice token_ids on chat completions, streaming included",
     runtime_modules=("toolkit.patches.sglang.token_ids.runtime",),
+    # both edit ChatCompletionResponse._serialize (and, from 0.5.17, _convert_to_internal_request)
+    after=("tito",),
 )
