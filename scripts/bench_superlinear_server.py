@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.patches.vllm.superlinear.serving import complete, prompt_ids  # noqa: E402  (stdlib only)
+from scripts.support.superlinear_requests import complete, prompt_ids  # noqa: E402  (stdlib only)
 from toolkit.verify.server import EngineServer  # noqa: E402
 
 DEFAULT_PYTHON = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser() / \

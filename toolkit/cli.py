@@ -1,4 +1,4 @@
-"""``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify. ``--json``,
+"""``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify, matrix, new-patch. ``--json``,
 ``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli_output`.
 
 Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe).
@@ -21,7 +21,7 @@ from rich.markup import escape
 from toolkit import api
 from toolkit import cli_output as out
 from toolkit import engine as _engine
-from toolkit import patch_registry
+from toolkit import patch_registry, scaffold
 from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
 from toolkit.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="print the version (with --json: as JSON) and exit")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("list", help="list the patches this toolkit ships")
+    p = sub.add_parser("list", help="list the registered patches (this toolkit's and other installed packages')")
     _add_common(p, python=False)
 
     p = sub.add_parser("apply-patch", help="apply patches to an installed engine")
@@ -181,6 +181,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check only this patch, whatever versions it declares (repeatable; default: the patches "
                         "that declare this version, or all of the engine's when none does)")
     _add_output(p)
+
+    p = sub.add_parser("matrix", help="every release of each engine line x every patch: anchors, golden, groups")
+    p.add_argument("engine", nargs="?", choices=("vllm", "sglang"), help="engine (default: both)")
+    _add_output(p)
+    p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
+    p.add_argument("--release", action="append", dest="releases", metavar="DIST==VERSION",
+                   help="only this release (repeatable; default: every known release of the engine's lines)")
+    p.add_argument("--index", action="store_true", help="every release on the package index instead of the known ones")
+    p.add_argument("--offline", action="store_true", help="no index and no download: the releases already cached")
+
+    scaffold.add_parser(sub)
     _Parser.commands = dict(sub.choices)
     return parser
 
@@ -190,7 +201,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         out.emit_json(True, patches=[{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
                                       "files": [f.relpath for f in p.files],
-                                      "runtime_modules": list(p.runtime_modules),
+                                      "runtime_modules": list(p.runtime_modules), "after": list(p.after),
                                       "not_needed": {"versions": p.not_needed[0], "why": p.not_needed[1]}
                                       if p.not_needed[0] else None} for p in patches])
         return 0
@@ -330,8 +341,43 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_matrix(args: argparse.Namespace, console: Console) -> int:
+    from toolkit import matrix, releases
+
+    selection = select(args.engine, args.patches)
+    patches = list(selection.patches if selection.patches is not None else
+                   [p for p in selection.known if p.engine in selection.engines()])
+    engines = sorted({p.engine for p in patches})
+    if args.releases:
+        chosen = [releases.parse_release(spec) for spec in args.releases]
+        foreign = [f"{d}=={v}" for d, v in chosen if releases.LINES[d][0] not in engines]
+        if foreign:
+            raise UsageError(f"no selected patch is for the engine of {', '.join(foreign)} "
+                             f"(the patches selected are {'/'.join(engines) or 'none'}'s)")
+    else:
+        chosen = matrix.choose_releases(engines, index=args.index, offline=args.offline)
+    status_line = None if args.json or args.quiet else console.status("matrix: reading the releases", spinner="dots")
+    if status_line:
+        status_line.start()
+    try:
+        cells = matrix.run(patches, chosen, offline=args.offline, known=selection.known,
+                           progress=status_line and (lambda line: status_line.update(f"matrix: {line}")))
+    finally:
+        if status_line:
+            status_line.stop()
+    problems = matrix.problems(cells)
+    if args.json:
+        out.emit_json(not problems, cells=[asdict(c) for c in cells], problems=problems)
+    else:
+        matrix.print_table(console, cells, args.verbose)
+        for problem in problems:
+            console.print(f"problem: {problem}", markup=False, highlight=False)
+    return 1 if problems else 0
+
+
 COMMANDS = {"verify": cmd_verify, "list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
-            "status": cmd_status, "check": cmd_check, "repair": cmd_repair}
+            "status": cmd_status, "check": cmd_check, "repair": cmd_repair,
+            "matrix": cmd_matrix, "new-patch": scaffold.cmd_new_patch}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

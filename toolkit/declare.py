@@ -15,6 +15,11 @@ from typing import Any, Callable, Sequence, Union
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+# The patch kit's public API (docs/writing-patches.md: toolkit.declare, toolkit.codemod, toolkit.testing,
+# toolkit.releases, the `toolkit.patches` entry points): raised by any change that breaks a patch
+# package written against it, and listed in CHANGELOG.md.
+KIT_VERSION = 1
+
 ENGINES = ("vllm", "sglang")
 # Specifier operators that bound a range from above (``==0.5.*`` and ``~=0.5.9`` do too).
 UPPER_BOUNDS = ("<", "<=", "==", "~=", "===")

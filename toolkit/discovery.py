@@ -200,8 +200,30 @@ def site_dirs(python: str | None = None) -> list[Path]:
     return [Path(p) for p in paths if isinstance(p, str) and Path(p).is_dir()] if isinstance(paths, list) else []
 
 
+def missing_packages_here(packages: list[str]) -> list[str]:
+    """The top-level packages among ``packages`` this interpreter cannot import (found, never run)."""
+    import importlib.util
+
+    return [name for name in packages if importlib.util.find_spec(name) is None]
+
+
+def missing_packages(python: str, packages: list[str]) -> list[str]:
+    """:func:`missing_packages_here` in ``python`` (another patch package's runtime, before a patch
+    that imports it is written into that interpreter's engine)."""
+    if _is_here(interpreter(python)):
+        return missing_packages_here(packages)
+    proc = _probe(python, "--missing", *packages)
+    try:
+        found = json.loads(proc.stdout)
+    except ValueError:
+        found = None
+    return found if isinstance(found, list) else list(packages)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--site-dirs"]:
         print(json.dumps(site_dirs_here()))
+    elif sys.argv[1:2] == ["--missing"]:
+        print(json.dumps(missing_packages_here(sys.argv[2:])))
     else:
         print(json.dumps([asdict(engine) for engine in find_engines_here(report_toolkit=True)]))

@@ -168,17 +168,29 @@ def apply(
 
 
 def _require_runtime(engine: InstalledEngine, patches: Sequence[Patch]) -> None:
-    """A patch whose edits import its runtime module needs this project, at this version, importable by
-    the engine's interpreter: otherwise the patched engine would not start. Checked before anything is
-    written (``--python`` into another environment)."""
-    needed = [p.id for p in patches if p.runtime_modules]
-    if not needed or engine.toolkit_version is None or engine.toolkit_version == __version__:
+    """A patch whose edits import its runtime module needs that module importable by the engine's
+    interpreter: this project at this version for ours, the patch's own package for another
+    distribution's. Otherwise the patched engine would start as the release (the guarded import) or
+    not at all. Checked before anything is written (``--python`` into another environment)."""
+    if engine.toolkit_version is None:  # the running interpreter: it loaded every registered patch
         return
-    found = f"serving-toolkit {engine.toolkit_version}" if engine.toolkit_version else "no serving-toolkit"
-    raise PatchError(
-        f"{engine.python} has {found}, but the patched {engine.engine} would import this project's runtime "
-        f"modules ({', '.join(needed)}) at start-up; install it there first "
-        f"(`{engine.python} -m pip install 'serving-toolkit=={__version__}'`); nothing was written")
+    ours = [p.id for p in patches if any(m.startswith("toolkit.") for m in p.runtime_modules)]
+    if ours and engine.toolkit_version != __version__:
+        found = f"serving-toolkit {engine.toolkit_version}" if engine.toolkit_version else "no serving-toolkit"
+        raise PatchError(
+            f"{engine.python} has {found}, but the patched {engine.engine} would import this project's runtime "
+            f"modules ({', '.join(ours)}) at start-up; install it there first "
+            f"(`{engine.python} -m pip install 'serving-toolkit=={__version__}'`); nothing was written")
+    theirs = {m.partition(".")[0]: p.id for p in patches for m in p.runtime_modules if not m.startswith("toolkit.")}
+    if theirs:
+        from toolkit.discovery import missing_packages
+
+        missing = missing_packages(engine.python, sorted(theirs))
+        if missing:
+            named = ", ".join(f"{theirs[name]} ({name})" for name in missing)
+            raise PatchError(
+                f"{engine.python} cannot import the runtime of patch {named}, which the patched {engine.engine} "
+                "would import at start-up; install the package that ships it there first; nothing was written")
 
 
 def revert(engine: InstalledEngine, patches: Sequence[Patch | str] | None = None, *, catalog: Catalog | None = None,

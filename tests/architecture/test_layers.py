@@ -12,7 +12,7 @@ from __future__ import annotations
 from tests.architecture.import_graph import cycles, edges, stray_top_level_imports
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
-    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output")),
+    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output", "toolkit.scaffold")),
     ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.check", "toolkit.status", "toolkit.plan", "toolkit.journal",
                 "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study", "toolkit.testing",

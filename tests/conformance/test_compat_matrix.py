@@ -1,4 +1,5 @@
-"""scripts/compat_matrix.py's core on one real release, SGLang 0.5.23, without network.
+"""scripts/compat_matrix.py's core (toolkit.matrix over toolkit.releases) on one real release, SGLang
+0.5.23, without network.
 
 The slim tree is built from the release tree scripts/fetch_sources.py already unpacked (what the
 conformance suite uses), into a temporary cache: the matrix's slimming, its per-patch anchors and
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.fixtures import ensure_source_tree, load_script
+from toolkit import releases
 from toolkit.sources import load_source
 
 
@@ -24,8 +26,8 @@ def matrix():
 def slim(matrix, tmp_path, monkeypatch) -> Path:
     """sglang 0.5.23's slim tree, built by the script's own ensure_slim in a temporary slim cache."""
     unpacked = ensure_source_tree("sglang", "0.5.23")
-    assert matrix.fetch_sources.source_dir("sglang", "0.5.23") == unpacked
-    monkeypatch.setattr(matrix, "slim_dir", lambda dist, version: tmp_path / f"{dist}-{version}")
+    assert releases.source_dir("sglang", "0.5.23") == unpacked
+    monkeypatch.setattr(releases, "slim_dir", lambda dist, version: tmp_path / f"{dist}-{version}")
     return matrix.ensure_slim("sglang", "0.5.23", offline=True)
 
 

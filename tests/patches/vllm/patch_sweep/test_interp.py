@@ -133,7 +133,7 @@ def reference_steer(ref, entries: list[dict], prompt: str | None, prompt_ids: li
     """The request's steering entries as the reference's Steer edits, positions resolved here."""
     import torch
 
-    from tests.patches.vllm.patch_sweep.reference import Steer
+    from scripts.support.hf_reference import Steer
 
     edits = []
     for entry in entries:
@@ -189,7 +189,7 @@ STEERING = [
 
 
 def test_steered_completion_equals_hf_stream_equals_nonstream(sweep_server):
-    from tests.patches.vllm.patch_sweep.reference import steered_greedy, steered_logprobs
+    from scripts.support.hf_reference import steered_greedy, steered_logprobs
 
     ref = sweep_server.reference
     ids = ref.encode(PROMPT)
@@ -210,7 +210,7 @@ def test_steered_completion_equals_hf_stream_equals_nonstream(sweep_server):
 def test_steered_chat_equals_hf_stream_equals_nonstream(sweep_server):
     import json
 
-    from tests.patches.vllm.patch_sweep.reference import steered_logprobs
+    from scripts.support.hf_reference import steered_logprobs
 
     ref = sweep_server.reference
     messages = [{"role": "user", "content": PROMPT}]
@@ -237,7 +237,7 @@ def test_steered_chat_equals_hf_stream_equals_nonstream(sweep_server):
 
 
 def test_steering_with_n_samples_every_choice_equals_hf(sweep_server):
-    from tests.patches.vllm.patch_sweep.reference import steered_logprobs
+    from scripts.support.hf_reference import steered_logprobs
 
     ref = sweep_server.reference
     ids = ref.encode(PROMPT)
@@ -260,7 +260,7 @@ def _cached_tokens(response) -> int:
 
 
 def test_prefix_cache_never_mixes_steered_and_unsteered_kv(sweep_server):
-    from tests.patches.vllm.patch_sweep.reference import steered_logprobs
+    from scripts.support.hf_reference import steered_logprobs
 
     ref = sweep_server.reference
     ids = ref.encode(LONG_PROMPT)
@@ -297,7 +297,7 @@ def test_prefix_cache_never_mixes_steered_and_unsteered_kv(sweep_server):
 def test_a_plan_smuggled_through_vllm_xargs_is_ignored(sweep_server):
     import json
 
-    from tests.patches.vllm.patch_sweep.reference import steered_logprobs
+    from scripts.support.hf_reference import steered_logprobs
 
     ref = sweep_server.reference
     ids = ref.encode(PROMPT)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from toolkit.patches.common.spans import prompt_char_offsets, resolve_positions
-from tests.patches.vllm.patch_sweep.reference import grid as reference_grid
+from scripts.support.hf_reference import grid as reference_grid
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
@@ -127,7 +127,7 @@ NOISE_CASES = [
 
 @pytest.mark.parametrize("case", NOISE_CASES, ids=[c[0] for c in NOISE_CASES])
 def test_noise_corruption_equals_hf_reference(sweep_server, case):
-    from tests.patches.vllm.patch_sweep.reference import Noise
+    from scripts.support.hf_reference import Noise
 
     name, prompt, noise, hook, positions = case
     ref = sweep_server.reference
@@ -305,7 +305,7 @@ def test_concurrent_sweeps_on_one_prompt_never_read_each_others_patched_blocks(s
 
 def test_noise_with_prefix_reuse_equals_hf_reference(sweep_server):
     """Causal tracing on a long prompt: cells past the noise read the noised corrupt run's blocks."""
-    from tests.patches.vllm.patch_sweep.reference import Noise
+    from scripts.support.hf_reference import Noise
 
     ref = sweep_server.reference
     ids = ref.encode(LONG_PAIR[0])

@@ -37,8 +37,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
     import httpx
 
-    from tests.patches.vllm.patch_sweep.support import sweep_server as start
-    from tests.patches.vllm.responses_stream.support import venv_python
+    from scripts.support.sweep_server import sweep_server as start
+    from scripts.support.vllm_private import venv_python
 
     if not venv_python().exists():
         pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.patches.vllm.responses_stream.support import MODEL, serve_and_play, venv_python
+from scripts.support.responses_requests import MODEL
+from scripts.support.vllm_private import venv_python
+from tests.patches.vllm.responses_stream.support import serve_and_play
 
 
 def _need_venv() -> None:

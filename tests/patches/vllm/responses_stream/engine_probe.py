@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO))
 
 from toolkit.patches.vllm.responses_stream import runtime  # noqa: E402
+from scripts.support import responses_requests  # noqa: E402
 from tests.patches.vllm.responses_stream import support  # noqa: E402
 
 
@@ -47,7 +48,7 @@ def main(model_dir: str) -> dict:
 
     def play(name: str, tokens: list[str], finish: str = "stop", tool_parser: str = "hermes",
              thinking: bool | None = None) -> dict:
-        body = support.request_body("m", name if name in support.SCENARIOS else "text_only")
+        body = responses_requests.request_body("m", name if name in responses_requests.SCENARIOS else "text_only")
         if thinking is not None:
             body["chat_template_kwargs"] = {"enable_thinking": thinking}
         request = ResponsesRequest(**{**body, "stream": True})
@@ -95,12 +96,12 @@ def main(model_dir: str) -> dict:
         return result
 
     for case, scenario, extra in support.CASES:
-        tokens = support.SCENARIOS[scenario]
+        tokens = responses_requests.SCENARIOS[scenario]
         finish = "stop"
         if "max_output_tokens" in extra:
             tokens, finish = tokens[: extra["max_output_tokens"]], "length"
         out["cases"][case] = play(scenario, tokens, finish)
-    out["cases"]["generation_error"] = play("reason_text_tools", support.SCENARIOS["reason_text_tools"][:14], "error")
+    out["cases"]["generation_error"] = play("reason_text_tools", responses_requests.SCENARIOS["reason_text_tools"][:14], "error")
     # pythonic has no start/end markers: its own parse_delta / parse feed the item machine
     out["cases"]["markerless_parser"] = play(
         "text_only", ["[get_weather(", 'city="Oslo"', ")]"], tool_parser="pythonic", thinking=False)

