@@ -113,6 +113,7 @@ def test_toolkit_list_shows_the_installed_example_and_only_where_it_is_installed
 
 
 @pytest.mark.slow
+@pytest.mark.packaging  # runs a built package's own suite: CI, not the quick loop
 def test_the_packages_own_tests_pass_against_the_installed_wheel(example_dir, tmp_path):
     # cwd outside the sources (`python -m` puts cwd first on sys.path): the tests import the wheel's
     # package from PYTHONPATH, and the example's pyproject.toml is their pytest configuration.

@@ -50,6 +50,7 @@ def installed(request, tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.packaging  # runs a built package's own suite: CI, not the quick loop
 @pytest.mark.timeout(1800)  # SGLang's conformance: 19 releases, each composed with this project's patches
 def test_the_skeleton_passes_its_own_tests_unchanged(installed):
     engine, folder, target = installed
