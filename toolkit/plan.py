@@ -308,12 +308,13 @@ def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
 
 
 def _refuse_foreign(engine: InstalledEngine, catalog: Catalog, applied: Sequence[str], by_version: str) -> None:
-    """A patch applied by another toolkit (or one since removed from this one) can be neither kept nor
-    re-derived here; dropping it silently would revert it behind the user's back."""
+    """A patch applied by another toolkit, one since removed from this one, or another package's patch
+    whose package is gone can be neither kept nor re-derived here; dropping it silently would revert it
+    behind the user's back."""
     foreign = [pid for pid in applied if pid not in catalog.ids]
     if foreign:
         raise PatchError(
             f"{engine.engine} {engine.version} has patches applied that this toolkit {__version__} does "
-            f"not know: {', '.join(foreign)} (applied by toolkit {by_version}); run `toolkit revert` "
-            "first, which restores the originals"
+            f"not know: {', '.join(foreign)} (applied by toolkit {by_version}; a patch package since "
+            "uninstalled, or another toolkit release); run `toolkit revert` first, which restores the originals"
         )

@@ -132,6 +132,26 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
             PatchState(engine.engine, engine.distribution, engine.version, patch.id, state,
                        patch.supports(engine.version), files, detail)
         )
+    return rows + _unknown_applied(engine, catalog, manifest, stale)
+
+
+def _unknown_applied(engine: InstalledEngine, catalog: Catalog, manifest: Manifest | None,
+                     stale: bool) -> list[PatchState]:
+    """A row for each patch the manifest records that no registered patch is now (its package was
+    uninstalled, or another toolkit release applied it): its edits are still in the files, so it is
+    never left out of `status`."""
+    if manifest is None or stale:
+        return []
+    rows = []
+    for patch_id in manifest.patches:
+        if patch_id in catalog.ids:
+            continue
+        files = {relpath: file_state(sha256_file(engine_file(engine, relpath)), record)
+                 for relpath, record in sorted(manifest.files.items()) if patch_id in record.patches}
+        detail = (f"applied by toolkit {manifest.toolkit_version}, but no installed package registers {patch_id} now "
+                  f"(its package uninstalled?); `toolkit revert {engine.engine}` restores the originals")
+        rows.append(PatchState(engine.engine, engine.distribution, engine.version, patch_id, DRIFTED, False, files,
+                               detail))
     return rows
 
 

@@ -48,3 +48,25 @@ def test_their_runtime_present_needs_no_serving_toolkit_there(tmp_path, monkeypa
     installed = _probed(tmp_path, "")  # that interpreter has no serving-toolkit
     assert engine.apply(installed, ["their-fix"]).changed_files == ["srt/serving.py"]
     engine.revert(installed)
+
+
+def test_a_patch_whose_package_is_gone_stays_in_status_and_revert_restores_the_release(tmp_path, monkeypatch):
+    """Their package uninstalled while its patch is applied: `status` names it (drifted, with the
+    revert that fixes it) instead of leaving it out, apply-patch refuses in one sentence, and `revert`
+    still restores the release's bytes from the backups."""
+    here = dataclasses.replace(FOREIGN, runtime_modules=())
+    monkeypatch.setattr(patch_registry, "registry", lambda: [demo_patches.DEMO, here])
+    installed = load_source(demo_patches.make_engine_tree(tmp_path / "site")).as_installed()
+    before = _digest(installed)
+    engine.apply(installed)
+    monkeypatch.setattr(patch_registry, "registry", lambda: [demo_patches.DEMO])  # `pip uninstall` of theirs
+    rows = {row.patch_id: row for row in engine.status(installed)}
+    assert rows["demo"].state == engine.APPLIED
+    gone = rows["their-fix"]
+    assert (gone.state, gone.supported, gone.files) == (engine.DRIFTED, False, {"srt/serving.py": "patched"})
+    assert "no installed package registers their-fix now" in gone.detail and "toolkit revert sglang" in gone.detail
+    with pytest.raises(PatchError, match="does not know: their-fix .*a patch package since uninstalled"):
+        engine.apply(installed, ["demo"])
+    engine.revert(installed)
+    assert _digest(installed) == before
+    assert [row.state for row in engine.status(installed)] == [engine.NOT_APPLIED]
