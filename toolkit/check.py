@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
+from toolkit.declare import FileEdit, Patch
 from toolkit.errors import PatchError
 from toolkit.sources import SourceTree
 from toolkit import patch_registry
+
+if TYPE_CHECKING:
+    from toolkit.transform import FileTransform  # libcst: only when a file is transformed
 
 
 @dataclass
@@ -35,14 +39,33 @@ class SourceCheck:
         return not self.errors and all(a.ok for a in self.anchors)
 
 
+def file_outcomes(source: SourceTree, patch: Patch) -> Iterator[tuple[FileEdit, FileTransform | None, str]]:
+    """For each file ``patch`` edits: (the edit, its transformers' outcome on ``source``'s copy, "") or
+    (the edit, None, why it could not run: missing file, not UTF-8, a refusal of the codemod)."""
+    from toolkit.transform import run_transformers  # libcst
+
+    for edit in patch.files:
+        data = source.read(edit.relpath)
+        if data is None:
+            yield edit, None, f"{edit.relpath}: file not found"
+            continue
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield edit, None, f"{edit.relpath}: not UTF-8 text ({exc})"
+            continue
+        try:
+            yield edit, run_transformers(patch, edit, text, source.version), ""
+        except PatchError as exc:
+            yield edit, None, str(exc)
+
+
 def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> list[SourceCheck]:
     """Per patch and per anchor: would it apply to this source tree?
 
     By default the patches that declare the tree's version (what ``apply-patch`` would apply); when
     none does (porting to a new version), every patch for the engine. Named patches are always checked.
     """
-    from toolkit.transform import run_transformers  # libcst
-
     results = []
     candidates = patch_registry.catalog(source.engine).select(patch_ids)
     if not patch_ids and any(p.supports(source.version) for p in candidates):
@@ -50,20 +73,9 @@ def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> 
     for patch in candidates:
         anchors: list[AnchorCheck] = []
         errors: list[str] = []
-        for edit in patch.files:
-            data = source.read(edit.relpath)
-            if data is None:
-                errors.append(f"{edit.relpath}: file not found")
-                continue
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                errors.append(f"{edit.relpath}: not UTF-8 text ({exc})")
-                continue
-            try:
-                outcome = run_transformers(patch, edit, text, source.version)
-            except PatchError as exc:
-                errors.append(str(exc))
+        for edit, outcome, error in file_outcomes(source, patch):
+            if outcome is None:
+                errors.append(error)
                 continue
             for transformer_name, anchor in outcome.anchors:
                 anchors.append(AnchorCheck(patch.id, edit.relpath, transformer_name, anchor.name,

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 from typing import Callable, Sequence
 
 from toolkit.errors import PatchError
 
 
-@functools.lru_cache(maxsize=64)
-def _functions_of(digest: bytes, source: str) -> dict[str, str]:
+@functools.lru_cache(maxsize=64)  # a plan asks again for the same texts (each patch's input and output)
+def functions_in(source: str) -> dict[str, str]:
     """Qualified name -> the dump of its syntax tree (no positions), for every function in ``source``."""
-    del digest  # the cache key: hashing is cheaper than comparing long sources
     functions: dict[str, str] = {}
 
     def walk(node: ast.AST, prefix: str) -> None:
@@ -41,10 +39,6 @@ def _functions_of(digest: bytes, source: str) -> dict[str, str]:
 
     walk(ast.parse(source), "")
     return functions
-
-
-def functions_in(source: str) -> dict[str, str]:
-    return _functions_of(hashlib.sha256(source.encode("utf-8", "surrogatepass")).digest(), source)
 
 
 def edited_functions(before: str, after: str) -> frozenset[str]:

@@ -47,6 +47,7 @@ from typing import Any, Sequence, Union
 
 from toolkit import engine, patch_registry
 from toolkit import releases as _releases  # the module; `releases` is a parameter below
+from toolkit.check import file_outcomes
 from toolkit.declare import Patch, PatchContext, TransformerRef
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import PatchError
@@ -117,22 +118,11 @@ def anchor_problems(tree: SourceTree, patch: Patch) -> tuple[int, int, list[str]
     """(anchors found, anchors reported, problems) of ``patch``'s codemods on ``tree``'s files: an
     anchor not found as declared is ``"file: anchor (problem)"``, a file that cannot be read or
     transformed ``"file: why"``."""
-    from toolkit.transform import run_transformers  # libcst
-
     found = total = 0
     problems: list[str] = []
-    for edit in patch.files:
-        data = tree.read(edit.relpath)
-        if data is None:
-            problems.append(f"{edit.relpath}: file not found")
-            continue
-        try:
-            outcome = run_transformers(patch, edit, data.decode("utf-8"), tree.version)
-        except UnicodeDecodeError as exc:
-            problems.append(f"{edit.relpath}: not UTF-8 text ({exc})")
-            continue
-        except PatchError as exc:
-            problems.append(str(exc))
+    for edit, outcome, error in file_outcomes(tree, patch):
+        if outcome is None:
+            problems.append(error)
             continue
         if not outcome.anchors:
             problems.append(f"{edit.relpath}: no anchor reported")

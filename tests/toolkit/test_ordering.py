@@ -95,7 +95,7 @@ def test_patches_editing_other_functions_of_one_file_need_no_order(tmp_path, mon
     _use(monkeypatch, demo_patches.DEMO, demo_patches.SECOND)  # handle and other, both in srt/serving.py
     installed = _installed(tmp_path)
     engine.apply(installed)
-    assert sorted(engine.status(installed)[i].state for i in range(2)) == [engine.APPLIED] * 2
+    assert [row.state for row in engine.status(installed)] == [engine.APPLIED, engine.APPLIED]
 
 
 def test_a_circle_of_after_is_one_sentence(monkeypatch):
