@@ -12,7 +12,10 @@ strings: no package data to ship.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from string import Template
@@ -311,10 +314,22 @@ def new_patch(name: str, engine: str, directory: Path | str | None = None) -> Pa
     package = package_of(name)
     values = dict(asdict(target), name=name, engine=engine, distribution=distribution_of(name), package=package,
                   alias="_toolkit_" + name.replace("-", "_"), toolkit_version=__version__)
-    for relpath, template in FILES.items():
-        path = folder / relpath.replace("PKG", package)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(Template(template).substitute(values), encoding="utf-8")
+    # Written beside the folder, then renamed onto it (an empty folder is replaced): Ctrl-C or a full
+    # disk midway leaves no half skeleton that the next run would refuse as "not empty".
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
+        for relpath, template in FILES.items():
+            path = staging / relpath.replace("PKG", package)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(Template(template).substitute(values), encoding="utf-8")
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return folder
 
 

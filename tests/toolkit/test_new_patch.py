@@ -162,3 +162,33 @@ def test_an_unknown_engine_is_refused_with_a_suggestion(tmp_path, capsys, monkey
     code, _, err = new_patch_cli(capsys, "my-fix", "--engine", "vlm")
     assert code == 2 and "did you mean vllm?" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_write_stopped_midway_leaves_no_half_skeleton(existing, tmp_path, monkeypatch):
+    """Ctrl-C (or a full disk) on the third file: the folder is as it was (absent, or empty), nothing
+    is left beside it, and the next run writes the whole skeleton."""
+    from toolkit import scaffold
+
+    folder = tmp_path / "fix"
+    if existing:
+        folder.mkdir()
+    real_write, writes = Path.write_text, []
+
+    def stop_on_the_third(self, *args, **kwargs):
+        writes.append(self)
+        if len(writes) == 3:
+            raise KeyboardInterrupt
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", stop_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        scaffold.new_patch("my-fix", "vllm", folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["fix"] if existing else [])
+    assert not existing or list(folder.iterdir()) == []
+    monkeypatch.setattr(Path, "write_text", real_write)
+    scaffold.new_patch("my-fix", "vllm", folder)
+    assert len(scaffold.written_files(folder)) == len(scaffold.FILES)
+    made = tmp_path / "made-by-mkdir"
+    made.mkdir()
+    assert (folder.stat().st_mode & 0o777) == (made.stat().st_mode & 0o777)  # the umask's mode, not 0700
