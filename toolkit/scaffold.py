@@ -23,6 +23,7 @@ from string import Template
 from rich.console import Console
 
 from toolkit import cli_output as out
+from toolkit import interrupts
 from toolkit.errors import UsageError
 from toolkit.patch_registry import did_you_mean
 from toolkit.version import __version__
@@ -314,22 +315,26 @@ def new_patch(name: str, engine: str, directory: Path | str | None = None) -> Pa
     package = package_of(name)
     values = dict(asdict(target), name=name, engine=engine, distribution=distribution_of(name), package=package,
                   alias="_toolkit_" + name.replace("-", "_"), toolkit_version=__version__)
-    # Written beside the folder, then renamed onto it (an empty folder is replaced): Ctrl-C or a full
-    # disk midway leaves no half skeleton that the next run would refuse as "not empty".
+    # Written beside the folder, then renamed onto it (an empty folder is replaced), with Ctrl-C held to
+    # the points between files: a signal or a full disk midway leaves no half skeleton, which the next
+    # run would refuse as "not empty", and no staging folder.
     folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
-        for relpath, template in FILES.items():
-            path = staging / relpath.replace("PKG", package)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(Template(template).substitute(values), encoding="utf-8")
-        os.replace(staging, folder)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    with interrupts.held() as signals:
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would outlive the rename
+            for relpath, template in FILES.items():
+                signals.check()
+                path = staging / relpath.replace("PKG", package)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(Template(template).substitute(values), encoding="utf-8")
+            signals.check()
+            os.replace(staging, folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     return folder
 
 
