@@ -118,21 +118,40 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
                 detail = f"the backup of {', '.join(lost)} is missing or altered, so revert cannot restore it; {RECOVER}"
         if holder is not None and state not in (APPLIED, NOT_APPLIED):
             state, detail = IN_PROGRESS, f"in progress (pid {holder})"
-        if state == APPLIED and patch.runtime_modules and engine.toolkit_version not in (None, __version__):
-            state = RUNTIME_MISSING
-            fix = (f"`{engine.python} -m pip install 'serving-toolkit=={__version__}'` there, or "
-                   f"`toolkit revert {engine.engine} --python {engine.python}`")
-            if engine.toolkit_version:
-                detail = (f"{engine.python} has serving-toolkit {engine.toolkit_version}, but the patched files were "
-                          f"written for {__version__}'s runtime; {fix}")
-            else:
-                detail = (f"{engine.python} has no serving-toolkit importable: the patched files run as the release "
-                          f"wrote them (the patches are off, with a warning at start-up); {fix}")
+        if state == APPLIED:
+            gone = _runtime_gone(engine, patch)
+            if gone:
+                state, detail = RUNTIME_MISSING, gone
         rows.append(
             PatchState(engine.engine, engine.distribution, engine.version, patch.id, state,
                        patch.supports(engine.version), files, detail)
         )
     return rows + _unknown_applied(engine, catalog, manifest, stale)
+
+
+def _runtime_gone(engine: InstalledEngine, patch: Patch) -> str:
+    """Why ``engine``'s interpreter (probed with ``--python``) cannot run ``patch``'s runtime, or "":
+    this project at this version for our patches, the patch's own package for another distribution's."""
+    if engine.toolkit_version is None:  # the running interpreter: it loaded every registered patch
+        return ""
+    revert = f"`toolkit revert {engine.engine} --python {engine.python}`"
+    if any(m.startswith("toolkit.") for m in patch.runtime_modules) and engine.toolkit_version != __version__:
+        fix = f"`{engine.python} -m pip install 'serving-toolkit=={__version__}'` there, or {revert}"
+        if engine.toolkit_version:
+            return (f"{engine.python} has serving-toolkit {engine.toolkit_version}, but the patched files were "
+                    f"written for {__version__}'s runtime; {fix}")
+        return (f"{engine.python} has no serving-toolkit importable: the patched files run as the release "
+                f"wrote them (the patches are off, with a warning at start-up); {fix}")
+    theirs = sorted({m.partition(".")[0] for m in patch.runtime_modules if not m.startswith("toolkit.")})
+    if theirs:
+        from toolkit.discovery import missing_packages
+
+        missing = missing_packages(engine.python, theirs)
+        if missing:
+            return (f"{engine.python} cannot import {', '.join(missing)}, the runtime of {patch.id}: the patched "
+                    f"files run as the release wrote them (the patch is off, with a warning at start-up); install "
+                    f"the package that ships it there, or {revert}")
+    return ""
 
 
 def _unknown_applied(engine: InstalledEngine, catalog: Catalog, manifest: Manifest | None,

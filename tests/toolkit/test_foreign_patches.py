@@ -70,3 +70,19 @@ def test_a_patch_whose_package_is_gone_stays_in_status_and_revert_restores_the_r
     engine.revert(installed)
     assert _digest(installed) == before
     assert [row.state for row in engine.status(installed)] == [engine.NOT_APPLIED]
+
+
+def test_status_judges_their_runtime_by_their_package_not_by_serving_toolkit(tmp_path, monkeypatch):
+    """`status --python ENV`: another package's applied patch is `applied` where its own package is
+    importable, even without serving-toolkit there, and `runtime missing` where its package is not."""
+    present = dataclasses.replace(FOREIGN, runtime_modules=("json.decoder",))
+    monkeypatch.setattr(patch_registry, "registry", lambda: [present])
+    installed = _probed(tmp_path, "")  # that interpreter has no serving-toolkit
+    engine.apply(installed, ["their-fix"])
+    assert [row.state for row in engine.status(installed)] == [engine.APPLIED]
+    monkeypatch.setattr(patch_registry, "registry", lambda: [FOREIGN])  # its package is their_fix_pkg
+    (row,) = engine.status(installed)
+    assert row.state == engine.RUNTIME_MISSING
+    assert row.detail.startswith(f"{sys.executable} cannot import their_fix_pkg, the runtime of their-fix")
+    assert f"toolkit revert sglang --python {sys.executable}" in row.detail
+    engine.revert(installed)

@@ -128,7 +128,7 @@ def test_status_says_when_the_engine_cannot_import_our_runtime(tmp_path, monkeyp
     from toolkit.sources import load_source
     from toolkit.version import __version__
 
-    with_runtime = dataclasses.replace(demo_patches.DEMO, runtime_modules=("demo.runtime",))
+    with_runtime = dataclasses.replace(demo_patches.DEMO, runtime_modules=("toolkit.patches.demo.runtime",))  # ours
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [with_runtime])
     site = demo_patches.make_engine_tree(tmp_path / "site")
     installed = load_source(site).as_installed()
