@@ -75,7 +75,7 @@ def _each(verb: Callable[..., Result], selection: Selection, python: str | None,
 def apply_each(selection: Selection, python: str | None = None, *, python_option: str = "python=PATH",
                around: Around = _no_spinner, **options: object) -> list[Result]:
     """Apply ``selection`` to each installed engine it is about (``options``: :func:`toolkit.engine.apply`'s
-    force, dry_run, allow_unknown_version, lock_timeout); one :class:`Result` per engine."""
+    force, dry_run, allow_unknown_version, allow_editable, lock_timeout); one :class:`Result` per engine."""
     return _each(_engine.apply, selection, python, python_option, around, options)
 
 
@@ -92,6 +92,7 @@ def apply_patch(
     python: str | None = None,
     *,
     allow_unknown_version: bool = False,
+    allow_editable: bool = False,
     force: bool = False,
     lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
 ) -> bool:
@@ -103,8 +104,8 @@ def apply_patch(
     """
     check_patches_arg(patches)
     lock_timeout = check_lock_timeout(lock_timeout)
-    results = apply_each(select(engine, patches), python, allow_unknown_version=allow_unknown_version, force=force,
-                         lock_timeout=lock_timeout)
+    results = apply_each(select(engine, patches), python, allow_unknown_version=allow_unknown_version,
+                         allow_editable=allow_editable, force=force, lock_timeout=lock_timeout)
     return any(result.changed for result in results)
 
 

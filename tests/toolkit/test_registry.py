@@ -171,8 +171,11 @@ def test_versions_are_one_range_with_an_upper_bound():
 
     proved = declare(">=0.5.9,<=0.5.23")
     assert [proved.supports(v) for v in ("0.5.8", "0.5.9", "0.5.15.post1", "0.5.23")] == [False, True, True, True]
-    # newer than the newest release proved, a post release of it included: refused
-    assert not any(proved.supports(v) for v in ("0.5.23.post1", "0.5.24rc1", "0.6.0", "0.5.15.custom-build"))
+    # versions as users have them: a local build tag of a release proved, a post release of one
+    assert all(proved.supports(v) for v in ("0.5.23+cpu", "0.5.12+cu129", "0.5.23.post1", "0.5.23.post2+cu129"))
+    # newer than the newest release proved, any dev build or release candidate, not PEP 440: refused
+    assert not any(proved.supports(v) for v in ("0.5.24", "0.5.24.post1", "0.5.24rc1", "0.6.0", "0.5.15.custom-build",
+                                                "0.5.23rc1", "0.5.20.dev0+g1a2b3c4", "0.5.8.post1"))
     with pytest.raises(TypeError, match="one range"):
         declare(("==0.5.9", "==0.5.23"))
     with pytest.raises(ValueError, match="no upper bound"):
