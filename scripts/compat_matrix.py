@@ -69,9 +69,12 @@ def tested_releases() -> tuple[dict[tuple[str, str], set[tuple[str, str]]], set[
     vllm = {_env_release(env) for env in (*tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS)}
     behaviour = {
         **{("sglang", p): {("sglang", v) for v in runs} for p, runs in tested.SGLANG_PROVED.items()},
-        **{("vllm", p): vllm for p in ("tito", "responses-stream", "patch-sweep")},
+        **{("vllm", p): vllm | {_env_release(env) for env, patches in tested.VLLM_OLD_VERIFY_ENVS.items()
+                                if p in patches}
+           for p in ("tito", "responses-stream", "patch-sweep")},
     }
-    server = {_env_release(env) for env in (*tested.SGLANG_ENVS, *tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS)}
+    server = {_env_release(env) for env in (*tested.SGLANG_ENVS, *tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS,
+                                            *tested.VLLM_OLD_VERIFY_ENVS)}
     return behaviour, server
 # What SGLang gets from its own plugin loader, no patch: the key of the releases its tests run on in
 # tested.SGLANG_PROVED -> (the module whose SGLANG_RELEASES says where the loader is, the patch whose

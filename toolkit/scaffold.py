@@ -51,7 +51,7 @@ class EngineTarget:
 
 TARGETS = {
     "vllm": EngineTarget(
-        title="vLLM", versions=">=0.30.0,<=0.33.0",
+        title="vLLM", versions=">=0.24.0,<=0.33.0",
         relpath="entrypoints/openai/chat_completion/serving.py", cls="OpenAIServingChat",
         method="create_chat_completion", params="self, request, raw_request=None",
         docstring="Chat Completion API similar to OpenAI's API.",

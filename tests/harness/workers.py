@@ -87,6 +87,8 @@ def pytest_configure(config) -> None:
 # release at a time rather than a file at a time.
 SPLIT_BY_RELEASE = (
     "tests/patches/sglang/superlinear/test_releases.py",
+    # a real server per release: twelve of them, about 20 minutes in one unit
+    "tests/verify/test_verify.py",
 )
 RELEASE = re.compile(r"\d+\.\d+\.\d+(?:\.post\d+)?")
 # Files whose tests of one release share one computation or one server: one unit per release, so one

