@@ -227,6 +227,8 @@ def test_check_and_matrix_cover_the_installed_example_on_every_release_it_declar
     matrix = toolkit(example_dir, "matrix", "vllm", "--patch", PATCH_ID, "--offline", "--json")
     assert matrix.returncode == 0, matrix.stderr
     cells = {(c["dist"], c["version"]): c for c in json.loads(matrix.stdout)["cells"]}
-    assert set(cells) == set(releases.releases_of("vllm", ">=0.30.0,<=0.33.0"))
-    assert all(c["declared"] and c["golden"] == "ok" and c["anchors_found"] == c["anchors_total"]
-               for c in cells.values()), cells
+    # a cell for every known vLLM release; the ones in its range are declared and proved
+    assert set(cells) == set(releases.releases_of("vllm", ">=0"))
+    declared = {release: c for release, c in cells.items() if c["declared"]}
+    assert set(declared) == set(releases.releases_of("vllm", ">=0.30.0,<=0.33.0"))
+    assert all(c["golden"] == "ok" and c["anchors_found"] == c["anchors_total"] for c in declared.values()), cells
