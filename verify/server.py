@@ -58,8 +58,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def engine_version(engine: str, python: str) -> tuple[str, str]:
-    """(distribution, version) of ``engine`` installed for ``python``, read without importing it."""
+def engine_version(engine: str, python: str, extra_env: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """(distribution, version) of ``engine`` installed for ``python``, read without importing it, as the
+    server will see it: ``extra_env`` (the server's own, e.g. a PYTHONPATH that puts another release's
+    package first) applies to the probe too."""
     dists = ENGINE_DISTRIBUTIONS[engine]
     code = (
         "import importlib.metadata as m, sys\n"
@@ -70,7 +72,8 @@ def engine_version(engine: str, python: str) -> tuple[str, str]:
         "        pass\n"
         "sys.exit(3)\n"
     )
-    result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, **extra_env} if extra_env else None
+    result = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     if result.returncode != 0:
         raise ServerStartError(f"{python} has no {engine} installed (looked for {', '.join(dists)})")
     dist, version = result.stdout.split()
@@ -165,7 +168,9 @@ class EngineServer:
     def start(self) -> None:
         if self.process is not None:
             raise RuntimeError("server already started")
-        self.distribution, self.version = engine_version(self.engine, self.python)
+        # The server's environment decides which release it runs (a private copy first on its PYTHONPATH):
+        # the version picks its flags and the kept model-class inspections it shares.
+        self.distribution, self.version = engine_version(self.engine, self.python, self.extra_env)
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"toolkit-{self.engine}-server-"))
         try:
             self.port = free_port(self.host)

