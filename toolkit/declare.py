@@ -114,25 +114,27 @@ class Patch:
         return self.versions
 
     def supports(self, version: str) -> bool:
-        """Whether ``version`` is a release this patch is proved on (:func:`unproved_because` is "")."""
-        return not unproved_because(self.versions, version)
+        """Whether ``version`` is a release this patch is proved on. Versions as users have them: a local
+        tag is a build of the release (``0.26.0+cu129``, ``0.32.0+cpu``), and a post release is that release
+        repackaged (``0.5.23.post1`` against ``<=0.5.23``): both are inside when the release is. What is no
+        release (:func:`not_a_release`) is never proved. ``--allow-unknown-version`` tries any version, and
+        the anchors decide."""
+        if not_a_release(version):
+            return False
+        parsed, spec = Version(version), SpecifierSet(self.versions)
+        return spec.contains(Version(parsed.public)) or (parsed.is_postrelease
+                                                         and spec.contains(Version(parsed.base_version)))
 
 
-def unproved_because(versions: str, version: str) -> str:
-    """Why ``version`` is not a release the range ``versions`` proves, in a few words, or "" when it is.
-
-    Versions as users have them: a local tag is a build of the release (``0.26.0+cu129``, ``0.32.0+cpu``),
-    and a post release is that release repackaged (``0.5.23.post1`` against ``<=0.5.23``): both are inside
-    when the release is. A development build or release candidate (``0.11.1rc2.dev0+g1a2b3c4``, a
-    source checkout's version) is code between releases, so never proved; neither is a version that is
-    not PEP 440. ``--allow-unknown-version`` tries any of them, and the anchors decide."""
+def not_a_release(version: str) -> str:
+    """Why ``version`` names no release at all, in a few words, or "": a development build or release
+    candidate (``0.11.1rc2.dev0+g1a2b3c4``, a source checkout's version) is code between releases, and a
+    version that is not PEP 440 is no release either. No range proves them."""
     try:
         parsed = Version(version)
     except InvalidVersion:
         return "not a PEP 440 version"
     if parsed.is_prerelease or parsed.is_devrelease:
         return "a development build or release candidate, not a release"
-    spec = SpecifierSet(versions)
-    if spec.contains(Version(parsed.public)) or (parsed.is_postrelease and spec.contains(Version(parsed.base_version))):
-        return ""
-    return f"outside {versions}"
+    return ""
+

@@ -16,7 +16,7 @@ from typing import Sequence
 from toolkit import fs, patch_registry
 # the engine's verbs and lookups in one place for its callers (cli, api, repair, verify):
 from toolkit.check import AnchorCheck, SourceCheck, check_source  # noqa: F401
-from toolkit.declare import Patch, unproved_because
+from toolkit.declare import Patch, not_a_release
 from toolkit.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.journal import FileChange, clear_orphans, write_all_or_nothing
@@ -161,9 +161,9 @@ def apply(
                                 "detail": why or f"declares {patch.versions}"})
         candidates = kept
     if not candidates:
-        unproved = unproved_because(">=0", engine.version)  # a build that is no release is proved by none
+        no_release = not_a_release(engine.version)  # a build that is no release is proved by none
         raise PatchError(f"no patch supports {engine.distribution} {engine.version}"
-                         + (f" ({unproved})" if unproved else "")
+                         + (f" ({no_release})" if no_release else "")
                          + " (see `toolkit list`; --allow-unknown-version, allow_unknown_version=True in Python, "
                          "tries anyway)")
     _require_runtime(engine, candidates)

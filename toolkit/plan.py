@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from toolkit import fs
-from toolkit.declare import FileEdit, Patch, unproved_because
+from toolkit.declare import FileEdit, Patch, not_a_release
 from toolkit.discovery import EDITABLE, InstalledEngine
 from toolkit.errors import DriftError, PatchError
 from toolkit.overlap import refuse_unordered
@@ -29,9 +29,9 @@ def check_versions(engine: InstalledEngine, patches: Iterable[Patch], allow_unkn
         if why and not allow_unknown_version:  # with it, "try anyway" (the compatibility matrix does)
             raise PatchError(f"patch {patch.id} is not needed on {engine.distribution} {engine.version}: {why}; "
                              "nothing was written")
-        unproved = unproved_because(patch.versions, engine.version)
-        if unproved and not allow_unknown_version:
-            what = "" if unproved.startswith("outside") else f" ({unproved})"
+        if not patch.supports(engine.version) and not allow_unknown_version:
+            no_release = not_a_release(engine.version)
+            what = f" ({no_release})" if no_release else ""
             raise PatchError(
                 f"patch {patch.id} supports {engine.engine} {patch.versions_text}, "
                 f"but {engine.distribution} {engine.version}{what} is installed at {engine.package_dir}; "
