@@ -100,6 +100,51 @@ def evaluate(tree: SourceTree, patches=None) -> list[Cell]:
     return [Cell(**asdict(cell)) for cell in matrix.evaluate(tree, patches)]
 
 
+def _evaluate_chosen(job: tuple[str, str, tuple[str, ...]]) -> list[Cell]:
+    """One release's cells for the patches named (a pool job: names pickle, patches need not)."""
+    dist, version, patch_ids = job
+    tree = load_source(ensure_slim(dist, version))
+    return evaluate(tree, [p for p in patch_registry.catalog(tree.engine).patches if p.id in patch_ids])
+
+
+def evaluate_releases(chosen: list[tuple[str, str]], *, jobs: int = 2) -> list[Cell]:
+    """Every patch on every release of ``chosen``, grouped, the libcst work once per group.
+
+    Anchors and golden are a function of the patch's transformers and the bytes of the files it
+    edits (codemods follow the code's structure, never the version number), so a release whose files
+    are byte-identical to an earlier release's (same sha256 group) takes that release's anchors and
+    golden; declared is its own. Each group's work runs on the release it first appears on, ``jobs``
+    releases at a time (fork: each job one process's libcst work)."""
+    import multiprocessing
+
+    chosen = sorted(set(chosen), key=matrix.release_order)
+    seen: dict[tuple[str, str, str], tuple[str, str]] = {}  # (engine, patch, digest) -> the release that checks it
+    plan: list[tuple[str, str, list[tuple[str, str]]]] = []  # (dist, version, [(patch id, digest)])
+    for dist, version in chosen:
+        tree = load_source(ensure_slim(dist, version))
+        keyed = [(p.id, files_digest(tree, p)) for p in patch_registry.catalog(tree.engine).patches]
+        for patch_id, digest in keyed:
+            seen.setdefault((tree.engine, patch_id, digest), (dist, version))
+        plan.append((dist, version, keyed))
+    work = [(dist, version, tuple(pid for pid, digest in keyed if seen[(LINES[dist][0], pid, digest)] == (dist, version)))
+            for dist, version, keyed in plan]
+    work = [job for job in work if job[2]]
+    with multiprocessing.get_context("fork").Pool(max(1, jobs)) as pool:
+        checked = {(c.dist, c.version, c.patch): c for chunk in pool.map(_evaluate_chosen, work, chunksize=1)
+                   for c in chunk}
+    patches = {(p.engine, p.id): p for p in patch_registry.registry()}
+    cells: list[Cell] = []
+    for dist, version, keyed in plan:
+        engine = LINES[dist][0]
+        for patch_id, digest in keyed:
+            first = checked[(*seen[(engine, patch_id, digest)], patch_id)]
+            cells.append(first if (first.dist, first.version) == (dist, version) else
+                         Cell(**{**asdict(first), "dist": dist, "version": version,
+                                 "declared": patches[(engine, patch_id)].supports(version)}))
+    assign_groups(cells)
+    return cells
+
+
 def assign_tests(cells: list[Cell]) -> None:
     """Each cell's behaviour and server evidence (tested_releases), after assign_groups."""
     behaviour, server = tested_releases()

@@ -23,8 +23,12 @@ fi
 BOOT_PYTHON=${BOOT_PYTHON:-python3}
 PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-phases.XXXXXX")
 FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
-trap 'rm -f "$PHASES" "$FAILED_PHASES"' EXIT
-export TOOLKIT_PHASES_FILE=$PHASES
+# Codemod results shared by this run's processes (toolkit/transform_cache.py): a release's file rewritten
+# the same way by the matrix, the conformance suite, the SGLang group runs and each server's apply runs
+# libcst once. Fresh each run: nothing a run computed is read by the next.
+CODEMOD_CACHE=$(mktemp -d "${TMPDIR:-/tmp}/toolkit-codemods.XXXXXX")
+trap 'rm -rf "$PHASES" "$FAILED_PHASES" "$CODEMOD_CACHE"' EXIT
+export TOOLKIT_PHASES_FILE=$PHASES TOOLKIT_CODEMOD_CACHE=$CODEMOD_CACHE
 
 phase() {  # phase NAME COMMAND...: run it and record its wall time; its exit status is the command's
     local name=$1 start=$SECONDS status=0

@@ -12,6 +12,7 @@ from typing import Callable, Hashable
 import libcst as cst
 from packaging.version import InvalidVersion
 
+from toolkit import transform_cache
 from toolkit.codemod import AnchorResult
 from toolkit.declare import FileEdit, Patch, PatchContext
 from toolkit.errors import AnchorError, PatchError
@@ -89,6 +90,15 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
     if key is not None and key in _MEMO:
         _MEMO.move_to_end(key)
         return _MEMO[key]
+    kept = _kept_path(key, edit)
+    found = transform_cache.read(kept)
+    if isinstance(found, tuple) and len(found) == 3:  # (after, anchors, compiled): another process's result
+        after, anchors, compiled = found
+        result = FileTransform(patch.id, edit.relpath, source, after, anchors)
+        _remember(_MEMO, key, result, MEMO_SIZE)
+        if compiled:
+            _COMPILED.add(key)
+        return result
     if tree_key is not None and tree_key in _VISITED:
         _VISITED.move_to_end(tree_key)
         module, anchors = _VISITED[tree_key]
@@ -101,7 +111,15 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
     result = FileTransform(patch.id, edit.relpath, source, module.code, anchors)
     if key is not None:
         _remember(_MEMO, key, result, MEMO_SIZE)
+        transform_cache.write(kept, (result.after, result.anchors, False))
     return result
+
+
+def _kept_path(key: Hashable, edit: FileEdit):
+    """Where ``key``'s result is kept between processes (toolkit/transform_cache.py), or None."""
+    if key is None:
+        return None
+    return transform_cache.entry_path(key, edit.load_transformers())
 
 
 def _visit(patch: Patch, edit: FileEdit, source: str,
@@ -161,4 +179,5 @@ def transform_or_raise(patch: Patch, edit: FileEdit, source: str, engine_version
         ) from exc
     if key is not None and key in _MEMO:
         _COMPILED.add(key)
+        transform_cache.write(_kept_path(key, edit), (result.after, result.anchors, True))
     return result

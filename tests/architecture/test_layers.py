@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is 
                 "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study", "toolkit.testing",
                 "toolkit.matrix")),
     ("patches", ("toolkit.patches",)),
-    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts", "toolkit.overlap",
+    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.transform_cache", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts", "toolkit.overlap",
               "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels", "toolkit.releases")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}

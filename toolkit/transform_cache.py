@@ -1,0 +1,117 @@
+"""Codemod results kept on disk between processes, when ``TOOLKIT_CODEMOD_CACHE`` names a directory.
+
+A codemod's result is a function of its inputs: the transformers' code, the source text, the engine
+version, the finishing step and libcst. One process remembers its own results (toolkit/transform.py);
+this lets the next process that rewrites the same file the same way (the next ``toolkit apply-patch``,
+another node of a cluster reading a shared directory, the test suite's many processes) read the text
+instead of running libcst again: seconds per large file.
+
+Only the patches of this distribution are kept: every transformer's module must lie under the
+``toolkit`` package (``toolkit.patches`` included), whose ``.py`` files are all part of every key, with
+libcst's and Python's versions. A change to any of them is a new key; a transformer from elsewhere (an
+out-of-tree patch, a test's) is never kept. An entry that cannot be read is a miss, never an error; one
+that cannot be written is skipped. Unset (the default), nothing is read or written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Hashable, Sequence
+
+CACHE_ENV = "TOOLKIT_CODEMOD_CACHE"
+_FORMAT = 1
+_fingerprint: str | None = None
+
+
+def _roots() -> list[Path]:
+    """The toolkit package's directory and those of ``toolkit.patches`` (in a checkout, patches/ is
+    mapped onto it)."""
+    roots = [Path(__file__).resolve().parent]
+    try:
+        spec = importlib.util.find_spec("toolkit.patches")
+    except ImportError:
+        spec = None
+    locations = (spec.submodule_search_locations or ()) if spec is not None else ()
+    roots.extend(Path(p).resolve() for p in locations)
+    return roots
+
+
+def _code_fingerprint() -> str:
+    """sha256 over every ``.py`` file of the toolkit package (patches included), libcst and Python."""
+    global _fingerprint
+    if _fingerprint is None:
+        import libcst
+
+        digest = hashlib.sha256(f"{_FORMAT}\0{getattr(libcst, '__version__', '?')}\0{sys.version}\0".encode())
+        for root in _roots():
+            for path in sorted(root.rglob("*.py")):
+                digest.update(f"{path.relative_to(root)}\0".encode())
+                digest.update(hashlib.sha256(path.read_bytes()).digest())
+        _fingerprint = digest.hexdigest()
+    return _fingerprint
+
+
+def _ours(transformers: Sequence[Any]) -> bool:
+    roots = _roots()
+    for transformer in transformers:
+        module = sys.modules.get(getattr(transformer, "__module__", ""))
+        path = getattr(module, "__file__", None)
+        if not path or not any(Path(path).resolve().is_relative_to(root) for root in roots):
+            return False
+    return True
+
+
+def entry_path(key: Hashable, transformers: Sequence[Any]) -> Path | None:
+    """Where the result of ``key`` (toolkit.transform's memo key) is kept, or None: no cache, or a
+    transformer this cache does not know the code of."""
+    directory = os.environ.get(CACHE_ENV)
+    if not directory or not _ours(transformers):
+        return None
+    try:
+        text = repr((_code_fingerprint(), _stable(key)))
+    except Exception:  # noqa: BLE001 - a key part this cache cannot name the same way in every process
+        return None
+    return Path(directory) / hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stable(value: Any) -> Any:
+    """``value`` with classes and functions named by module and qualified name (a repr that is the same
+    in every process)."""
+    if isinstance(value, tuple):
+        return tuple(_stable(v) for v in value)
+    if isinstance(value, type) or callable(value):
+        return f"{value.__module__}.{value.__qualname__}"
+    if isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return value
+    raise ValueError(f"not a stable key part: {type(value).__name__}")
+
+
+def read(path: Path | None) -> Any:
+    if path is None:
+        return None
+    try:
+        return pickle.loads(path.read_bytes())
+    except Exception:  # noqa: BLE001 - missing, partial or foreign: a miss
+        return None
+
+
+def write(path: Path | None, value: Any) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
+        with os.fdopen(handle, "wb") as out:
+            pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(partial, path)  # atomic: another process reads the whole entry or none
+    except OSError:
+        try:
+            os.unlink(partial)
+        except (OSError, UnboundLocalError):
+            pass
