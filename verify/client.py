@@ -67,6 +67,16 @@ class ChatClient:
     def close(self) -> None:
         self.http.close()
 
+    def _refused(self, response: httpx.Response) -> HTTPStatusError:
+        """The error for a non-200 answer, on a fresh connection pool: some servers drop the connection
+        after an error answer (vLLM 0.25's catch-all handler re-raises after sending its 400, and uvicorn
+        closes the socket), and the next request must not be sent on it."""
+        error = HTTPStatusError(response.status_code, response.text)
+        timeout = self.http.timeout
+        self.http.close()
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        return error
+
     def body(self, messages: list[dict] | None, **extra: Any) -> dict:
         body: dict[str, Any] = {"model": self.model, "temperature": 0, "max_tokens": 24, "return_token_ids": True}
         if messages is not None:
@@ -83,7 +93,7 @@ class ChatClient:
         except httpx.TransportError as exc:
             raise ServerGone(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
-            raise HTTPStatusError(response.status_code, response.text)
+            raise self._refused(response)
         payload = response.json()
         choices = {}
         for choice in payload["choices"]:
@@ -103,7 +113,7 @@ class ChatClient:
         with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
                 response.read()
-                raise HTTPStatusError(response.status_code, response.text)
+                raise self._refused(response)
             for chunk in iter_sse(response.iter_lines()):
                 outcome.raw.append(chunk)
                 prompt_ids = _prompt_ids(chunk)
@@ -135,12 +145,12 @@ class ChatClient:
             if not stream:
                 response = self.http.post("/v1/responses", json=body)
                 if response.status_code != 200:
-                    raise HTTPStatusError(response.status_code, response.text)
+                    raise self._refused(response)
                 return response.json()
             with self.http.stream("POST", "/v1/responses", json=body) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise HTTPStatusError(response.status_code, response.text)
+                    raise self._refused(response)
                 return parse_sse(list(response.iter_lines()))
         except httpx.TransportError as exc:
             raise ServerGone(f"{type(exc).__name__}: {exc}") from exc

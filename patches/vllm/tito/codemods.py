@@ -7,7 +7,9 @@ subclass ``ChatCompletionLogProbsContent``).
 renderers/online_renderer.py: ``_reused_prompt_token_ids`` (vLLM's path for a prompt that arrives
 already tokenized) returns ``input_ids`` first, so the ids reach the engine without a template while
 tool-choice checks and the parser's ``adjust_request`` still run, for chat and Harmony alike; in
-``OnlineRenderer.preprocess_chat`` the rendered prompt gets ``prefix_token_ids`` spliced in.
+``OnlineRenderer.preprocess_chat`` the rendered prompt gets ``prefix_token_ids`` spliced in. A module
+without that function (vLLM before 0.27) gets the two reuse branches it would call it from, for
+``input_ids`` only: around the render in ``preprocess_chat`` and first in ``_make_request_with_harmony``.
 
 chat_completion/api_router.py: ``create_chat_completion`` also answers ``/v1/chat/completions/tokens``
 (prime-rl / verifiers' token route, whose ``tokens`` field the validator maps to ``input_ids``).
@@ -21,7 +23,7 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from toolkit.codemod import MODULE, AnchoredTransformer, after_last_field, has_params, in_method, with_body
+from toolkit.codemod import MODULE, AnchoredTransformer, PatchContext, after_last_field, has_params, in_method, with_body
 
 RUNTIME = "_toolkit_tito"
 PACKAGE = "toolkit.patches.vllm.tito"
@@ -39,6 +41,13 @@ def after_matching(transformer: AnchoredTransformer, block: cst.IndentedBlock, s
             transformer.hit(anchor)
             body.append(transformer.marked_statement(code))
     return block.with_changes(body=body)
+
+
+def after_docstring(function: cst.FunctionDef, new: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """``function``'s statements with ``new`` first, after its docstring if it has one."""
+    body = list(function.body.body)
+    position = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
+    return [*body[:position], *new, *body[position:]]
 
 
 def with_fields_and_validator(transformer: AnchoredTransformer, request: cst.ClassDef, fields_code: str,
@@ -112,27 +121,87 @@ class ProtocolTransformer(AnchoredTransformer):
 
 
 RENDER_CHAT = m.SimpleStatementLine(body=[m.Assign(value=m.Await(m.Call(func=m.Attribute(attr=m.Name("render_chat_async")))))])
+HOOK = "_reused_prompt_token_ids"
+HARMONY = "_make_request_with_harmony"
+TOKENS_INPUT_IMPORT = m.SimpleStatementLine(body=[m.ImportFrom(names=[
+    m.ZeroOrMore(), m.ImportAlias(name=m.Name("tokens_input"), asname=None), m.ZeroOrMore()])])
+SPLICE = f"engine_input = {RUNTIME}.splice_prefix(request, renderer, messages, chat_params, engine_input)"
 
 
 class OnlineRendererTransformer(AnchoredTransformer):
     RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
-    INSIDE = {MODULE: frozenset({"_reused_prompt_token_ids"}),
-              "OnlineRenderer": frozenset({"preprocess_chat", "_make_request_with_harmony"})}
+    INSIDE = {MODULE: frozenset({HOOK}), "OnlineRenderer": frozenset({"preprocess_chat", HARMONY})}
+    # Two paths, by what the module has (visit_Module drops the other path's anchors): vLLM's prompt-reuse
+    # hook (0.27 on), which input_ids ride on; without it, the two reuse branches 0.27 added, built here
+    # around the same render and first in Harmony's request builder.
     ANCHORS = {
-        "_reused_prompt_token_ids": "module function _reused_prompt_token_ids(request, renderer, ...)",
+        HOOK: "module function _reused_prompt_token_ids(request, renderer, ...)",
+        "tokens_input": "`from vllm.inputs import ..., tokens_input` (without _reused_prompt_token_ids: the "
+                        "input_ids branches built in its place call it)",
+        HARMONY: "OnlineRenderer._make_request_with_harmony(self, request, ...) (without "
+                 "_reused_prompt_token_ids: gets an input_ids branch first, as 0.27's reuse branch)",
         "render-chat": "`... = await renderer.render_chat_async(...)` in OnlineRenderer.preprocess_chat",
     }
+
+    def __init__(self, context: PatchContext) -> None:
+        super().__init__(context)
+        self.has_hook = True  # decided in visit_Module, from the code
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        self.has_hook = any(m.matches(statement, m.FunctionDef(name=m.Name(HOOK))) for statement in node.body)
+        for anchor in ("tokens_input", HARMONY) if self.has_hook else (HOOK,):
+            del self.anchors[anchor]
+        if not self.has_hook and any(m.matches(statement, TOKENS_INPUT_IMPORT) for statement in node.body):
+            self.hit("tokens_input")
+        return True
 
     @m.leave(m.IndentedBlock())
     @in_method("OnlineRenderer", "preprocess_chat")
     def splice_prefix(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
-        return after_matching(self, updated_node, RENDER_CHAT, "render-chat",
-                              f"engine_input = {RUNTIME}.splice_prefix(request, renderer, messages, chat_params, engine_input)")
+        if self.has_hook:  # the render is already the hook's else branch
+            return after_matching(self, updated_node, RENDER_CHAT, "render-chat", SPLICE)
+        body: list[cst.BaseStatement] = []
+        for item in updated_node.body:
+            if m.matches(item, RENDER_CHAT):
+                self.hit("render-chat")
+                body += self.input_ids_or_render(item)
+            else:
+                body.append(item)
+        return updated_node.with_changes(body=body)
 
-    @m.leave(m.FunctionDef(name=m.Name("_reused_prompt_token_ids"),
-                           params=m.Parameters(params=[m.Param(name=m.Name("request")), m.ZeroOrMore()])))
+    def input_ids_or_render(self, render: cst.SimpleStatementLine) -> list[cst.BaseStatement]:
+        """0.27's reuse branch around ``render`` (input_ids as the engine input, conversation empty),
+        the splice after the render; what follows (tool-choice checks, ``adjust_request``) runs on both."""
+        first = self.marked_statement(f"toolkit_ids = {RUNTIME}.prompt_ids_from_request(request, renderer)")
+        marker = self.marker
+        branch = cst.ensure_type(cst.parse_statement(
+            f"if toolkit_ids is not None:  {marker}\n"
+            f"    conversation = []  {marker}\n"
+            f'    engine_input = tokens_input(toolkit_ids, cache_salt=getattr(request, "cache_salt", None))  {marker}\n'
+            f"else:  {marker}\n"
+            "    pass\n"), cst.If)
+        orelse = cst.ensure_type(branch.orelse, cst.Else)
+        render_branch = [render.with_changes(leading_lines=[]), self.marked_statement(SPLICE)]
+        branch = branch.with_changes(orelse=orelse.with_changes(body=orelse.body.with_changes(body=render_branch)))
+        return [first.with_changes(leading_lines=render.leading_lines), branch]
+
+    @m.leave(m.FunctionDef(name=m.Name(HARMONY),
+                           params=m.Parameters(params=[m.Param(name=m.Name("self")), m.Param(name=m.Name("request")),
+                                                       m.ZeroOrMore()])))
+    @m.call_if_inside(m.ClassDef(name=m.Name("OnlineRenderer")))
+    def harmony_input_ids_first(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        """Without the hook: 0.27's Harmony reuse branch (the ids straight to the engine) comes first."""
+        if self.has_hook:
+            return updated_node
+        self.hit(HARMONY)
+        new = [self.marked_statement(f"toolkit_ids = {RUNTIME}.prompt_ids_from_request(request, self.renderer)"),
+               self.marked_statement("if toolkit_ids is not None:\n"
+                                     "    return [], [tokens_input(toolkit_ids, cache_salt=request.cache_salt)]\n")]
+        return with_body(updated_node, after_docstring(updated_node, new))
+
+    @m.leave(m.FunctionDef(name=m.Name(HOOK), params=m.Parameters(params=[m.Param(name=m.Name("request")), m.ZeroOrMore()])))
     def input_ids_first(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
-        self.hit("_reused_prompt_token_ids")
+        self.hit(HOOK)
         if not has_params(updated_node, "renderer"):
             # vLLM 0.30/0.31: `_reused_prompt_token_ids(request)`; the renderer (for the vocabulary
             # check) comes from its callers, OnlineRenderer's methods (pass_the_renderer)
@@ -141,15 +210,13 @@ class OnlineRendererTransformer(AnchoredTransformer):
                 *params.params, cst.Param(cst.Name("renderer"), default=cst.Name("None"),
                                           equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                                 whitespace_after=cst.SimpleWhitespace("")))]))
-        body = list(updated_node.body.body)
-        position = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
         new = [
             self.marked_statement(f"toolkit_ids = {RUNTIME}.prompt_ids_from_request(request, renderer)"),
             self.marked_statement("if toolkit_ids is not None:\n    return toolkit_ids\n"),
         ]
-        return with_body(updated_node, [*body[:position], *new, *body[position:]])
+        return with_body(updated_node, after_docstring(updated_node, new))
 
-    @m.leave(m.Call(func=m.Name("_reused_prompt_token_ids"), args=[m.Arg(value=m.Name("request"), keyword=None)]))
+    @m.leave(m.Call(func=m.Name(HOOK), args=[m.Arg(value=m.Name("request"), keyword=None)]))
     @m.call_if_inside(m.ClassDef(name=m.Name("OnlineRenderer")))
     def pass_the_renderer(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         """vLLM 0.30/0.31's callers pass only the request: add ``renderer=self.renderer``."""

@@ -8,7 +8,9 @@ CODEMODS = "toolkit.patches.vllm.tito.codemods"
 PATCH = Patch(
     id="tito",
     engine="vllm",
-    versions=">=0.27,<0.34",
+    # 0.25/0.26 have no _reused_prompt_token_ids: the renderer codemod builds the reuse branches 0.27 added;
+    # 0.24 keeps OnlineRenderer's code in entrypoints/serve/render/serving.py
+    versions=">=0.25,<0.34",
     files=(
         FileEdit("entrypoints/openai/chat_completion/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
         FileEdit("renderers/online_renderer.py", (f"{CODEMODS}:OnlineRendererTransformer",)),

