@@ -54,7 +54,7 @@ def build_site(release: str, patch_id: str, work: Path) -> tuple[str, Path, list
     source = releases.fetch(dist, version)  # the whole release: repair reads pip's RECORD in its dist-info
     package = "vllm" if dist.startswith("vllm") else "sglang"
     catalog = patch_registry.catalog(package)
-    relpaths = sorted({e.relpath for p in catalog.select([patch_id]) for e in p.files})
+    relpaths = sorted({e.relpath for p in catalog.select([patch_id]) for e in p.files_for(version)})
     # every file any patch of the engine edits: repair checks them all against pip's RECORD
     present = sorted(r for r in catalog.relpaths() if (source / package / r).is_file())
     venv = work / "venv"

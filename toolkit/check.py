@@ -40,11 +40,12 @@ class SourceCheck:
 
 
 def file_outcomes(source: SourceTree, patch: Patch) -> Iterator[tuple[FileEdit, FileTransform | None, str]]:
-    """For each file ``patch`` edits: (the edit, its transformers' outcome on ``source``'s copy, "") or
-    (the edit, None, why it could not run: missing file, not UTF-8, a refusal of the codemod)."""
+    """For each file ``patch`` edits on ``source``'s release (:meth:`Patch.files_for`): (the edit, its
+    transformers' outcome on ``source``'s copy, "") or (the edit, None, why it could not run: missing
+    file, not UTF-8, a refusal of the codemod)."""
     from toolkit.transform import run_transformers  # libcst
 
-    for edit in patch.files:
+    for edit in patch.files_for(source.version):
         data = source.read(edit.relpath)
         if data is None:
             yield edit, None, f"{edit.relpath}: file not found"

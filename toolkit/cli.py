@@ -202,7 +202,8 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     patches = [p for p in patch_registry.registry() if args.engine in (None, p.engine)]
     if args.json:
         out.emit_json(True, patches=[{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
-                                      "files": [f.relpath for f in p.files],
+                                      "files": list(p.relpaths),  # on any release; file_edits: on which
+                                      "file_edits": [{"relpath": f.relpath, "versions": f.versions} for f in p.files],
                                       "runtime_modules": list(p.runtime_modules), "after": list(p.after),
                                       "not_needed": {"versions": p.not_needed[0], "why": p.not_needed[1]}
                                       if p.not_needed[0] else None} for p in patches])

@@ -55,7 +55,8 @@ def print_list(console: Console, patches: Sequence[Any], verbose: bool) -> None:
         table.add_column(column, no_wrap=column in ("engine", "versions"))
     for p in patches:
         extra = ("\n".join(p.runtime_modules), " ".join(filter(None, p.not_needed))) if verbose else ()
-        table.add_row(p.id, p.engine, p.versions_text, "\n".join(f.relpath for f in p.files), p.summary, *extra)
+        files = "\n".join(f.relpath + (f" ({f.versions})" if f.versions else "") for f in p.files)  # range: where edited
+        table.add_row(p.id, p.engine, p.versions_text, files, p.summary, *extra)
     console.print(table)
 
 

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, Union
 
-from packaging.specifiers import SpecifierSet
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 # The patch kit's public API (docs/writing-patches.md: toolkit.declare, toolkit.codemod, toolkit.testing,
@@ -47,6 +47,16 @@ class FileEdit:
 
     relpath: str
     transformers: Sequence[TransformerRef]
+    # The releases this file is edited on, one PEP 440 range meeting the patch's (None: every release):
+    # for a hook that lives in another file on older releases, ``versions="<0.29"`` here and
+    # ``versions=">=0.29"`` on the newer file. A version counts as its release (:func:`release_in`), and
+    # every version, declared or tried with --allow-unknown-version, gets the same rule
+    # (:meth:`Patch.files_for`): so leave the outermost ranges open (``<0.29``, not ``>=0.24,<0.29``).
+    versions: str | None = None
+
+    def edits_on(self, version: str) -> bool:
+        """Whether this file is edited on engine ``version``."""
+        return self.versions is None or release_in(self.versions, version)
 
     def load_transformers(self) -> list[Callable[[PatchContext], Any]]:
         """The transformer classes, importing the codemod modules named as ``"module:Class"``."""
@@ -93,6 +103,28 @@ class Patch:
         if not any(s.operator in UPPER_BOUNDS for s in specs):
             raise ValueError(f"patch {self.id}: versions {self.versions!r} has no upper bound "
                              "(end it with the newest release proved, e.g. '<=0.5.23')")
+        self._check_file_ranges(specs)
+
+    def _check_file_ranges(self, specs: SpecifierSet) -> None:
+        """One FileEdit per file, each range valid PEP 440 and meeting the patch's: a declaration error otherwise."""
+        seen: set[str] = set()
+        for edit in self.files:
+            if edit.relpath in seen:  # the same file twice would be transformed twice (and refused)
+                raise ValueError(f"patch {self.id}: {edit.relpath} has more than one FileEdit; declare each file "
+                                 "once (its transformers find their anchors by structure on every release)")
+            seen.add(edit.relpath)
+            if edit.versions is None:
+                continue
+            try:
+                own = SpecifierSet(edit.versions) if isinstance(edit.versions, str) else None
+            except InvalidSpecifier:
+                own = None
+            if own is None:
+                raise ValueError(f"patch {self.id}: {edit.relpath}: versions {edit.versions!r} is not a PEP 440 "
+                                 "range such as '<0.29' (or None: every release of the patch)")
+            if not _ranges_meet(specs, own):
+                raise ValueError(f"patch {self.id}: {edit.relpath}: versions {edit.versions!r} lies wholly outside "
+                                 f"the patch's versions {self.versions!r}, so the file would never be edited")
 
     def not_needed_on(self, version: str) -> str:
         """Why ``version`` needs no patch (the engine serves the feature itself), or ""."""
@@ -113,17 +145,50 @@ class Patch:
     def versions_text(self) -> str:
         return self.versions
 
+    def files_for(self, version: str) -> tuple[FileEdit, ...]:
+        """The files this patch edits on engine ``version``: each FileEdit without a range, and each whose
+        range holds the version (as :func:`release_in` reads it). One rule for every version, declared or
+        tried with --allow-unknown-version; outside every range, only the files edited on every release."""
+        return tuple(edit for edit in self.files if edit.edits_on(version))
+
+    @property
+    def relpaths(self) -> tuple[str, ...]:
+        """Every file this patch edits on some release, in declaration order."""
+        return tuple(edit.relpath for edit in self.files)
+
     def supports(self, version: str) -> bool:
         """Whether ``version`` is a release this patch is proved on. Versions as users have them: a local
         tag is a build of the release (``0.26.0+cu129``, ``0.32.0+cpu``), and a post release is that release
         repackaged (``0.5.23.post1`` against ``<=0.5.23``): both are inside when the release is. What is no
         release (:func:`not_a_release`) is never proved. ``--allow-unknown-version`` tries any version, and
         the anchors decide."""
-        if not_a_release(version):
-            return False
-        parsed, spec = Version(version), SpecifierSet(self.versions)
-        return spec.contains(Version(parsed.public)) or (parsed.is_postrelease
-                                                         and spec.contains(Version(parsed.base_version)))
+        return not not_a_release(version) and release_in(self.versions, version)
+
+
+def release_in(versions: str, version: str) -> bool:
+    """Whether ``version``, read as the release it is a build of, is in the range ``versions``: a local tag
+    is a build of the release (``0.26.0+cu129``), a post release that release repackaged (``0.5.23.post1``
+    against ``<=0.5.23``), and a development build or release candidate counts as the release it leads to
+    (``0.29.0rc1``: 0.29.0; :meth:`Patch.supports` refuses those first). Not PEP 440: in no range."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return False
+    spec = SpecifierSet(versions)
+    return spec.contains(Version(parsed.public)) or spec.contains(Version(parsed.base_version))
+
+
+def _ranges_meet(first: SpecifierSet, second: SpecifierSet) -> bool:
+    """Whether some version is in both ranges. A non-empty intersection of PEP 440 ranges holds one of
+    their bounds, a version just above one, or 0 (no lower bound): those are tried."""
+    points = {Version("0")}
+    for spec in (*first, *second):
+        try:
+            bound = Version(spec.version.removesuffix(".*"))
+        except InvalidVersion:  # ``===`` of a string that is no version: only that string matches
+            continue
+        points |= {bound, Version(f"{bound.base_version}.0.0.0.1")}
+    return any(first.contains(v, prereleases=True) and second.contains(v, prereleases=True) for v in points)
 
 
 def not_a_release(version: str) -> str:

@@ -51,10 +51,10 @@ class Cell:
 
 
 def files_digest(tree: SourceTree, patch: Patch) -> str:
-    """sha256 over (relpath, sha256 of its bytes) of every file ``patch`` edits; a file the release
-    lacks counts as ``missing``."""
+    """sha256 over (relpath, sha256 of its bytes) of every file ``patch`` edits on this release
+    (:meth:`Patch.files_for`); a file the release lacks counts as ``missing``."""
     outer = hashlib.sha256()
-    for edit in patch.files:
+    for edit in patch.files_for(tree.version):
         data = tree.read(edit.relpath)
         inner = hashlib.sha256(data).hexdigest() if data is not None else "missing"
         outer.update(f"{edit.relpath}\0{inner}\n".encode())

@@ -49,7 +49,7 @@ class Catalog:
         return [p.id for p in self.patches]
 
     def relpaths(self) -> set[str]:
-        """Every file one of the engine's patches edits."""
+        """Every file one of the engine's patches edits, on any release (``Patch.files_for`` says which on one)."""
         return {edit.relpath for p in self.patches for edit in p.files}
 
     def select(self, patch_ids: Sequence[str] | None = None) -> list[Patch]:

@@ -106,7 +106,7 @@ def _wanted_contents(
     """Original and wanted bytes of every file in ``scope``, and which patches edit it."""
     edits_by_file: dict[str, list[tuple[Patch, FileEdit]]] = {}
     for patch in target:
-        for edit in patch.files:
+        for edit in patch.files_for(engine.version):
             if edit.relpath in scope:
                 edits_by_file.setdefault(edit.relpath, []).append((patch, edit))
     originals: dict[str, bytes] = {}
@@ -163,7 +163,7 @@ def _already_done(engine: InstalledEngine, catalog: Catalog, manifest: Manifest 
     known = [p for p in catalog.patches if p.id in set(target_ids)]
     if len(known) != len(target_ids):
         return False  # a patch this toolkit does not know: the full path says so in a sentence
-    edited = {edit.relpath for p in known for edit in p.files}
+    edited = {edit.relpath for p in known for edit in p.files_for(engine.version)}
     if not edited <= set(manifest.files):
         return False
     return all(sha256_file(engine_file(engine, r)) == rec.after for r, rec in manifest.files.items())
@@ -226,11 +226,12 @@ def make_plan(
     # Which files to look at: those of the patches that change, or every one when a run was
     # interrupted or nothing changes (a rerun that finishes or re-checks the job).
     changing = set(target_ids) ^ set(applied_before)
-    every_file = {e.relpath for p in target for e in p.files} | set(manifest.files if manifest else ())
+    every_file = ({e.relpath for p in target for e in p.files_for(engine.version)}
+                  | set(manifest.files if manifest else ()))
     if manifest is None or manifest.state != "applied" or not changing:
         scope = every_file
     else:
-        scope = {e.relpath for p in catalog.patches if p.id in changing for e in p.files}
+        scope = {e.relpath for p in catalog.patches if p.id in changing for e in p.files_for(engine.version)}
         scope = (scope | {r for r, rec in manifest.files.items() if set(rec.patches) & changing}) & every_file
     originals, wanted, patch_ids = _wanted_contents(engine, catalog, state, manifest, target, scope)
 

@@ -94,7 +94,7 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
             state = DRIFTED
             detail = f"patched as {manifest.distribution} {manifest.engine_version}; engine reinstalled since"
         else:
-            for edit in patch.files:
+            for edit in patch.files_for(engine.version):
                 record = manifest.files.get(edit.relpath)
                 current = sha256_file(engine_file(engine, edit.relpath))
                 files[edit.relpath] = file_state(current, record) if record else "unrecorded"
@@ -113,7 +113,7 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
                 verb = "an apply" if manifest.state == "applying" else "a revert"
                 detail = f"{verb} was interrupted; run apply-patch or revert to finish"
         if manifest is not None and not stale and state in (APPLIED, PARTIAL):
-            lost = _unusable_backups(state_dir, manifest, [e.relpath for e in patch.files])
+            lost = _unusable_backups(state_dir, manifest, [e.relpath for e in patch.files_for(engine.version)])
             if lost:
                 state = DRIFTED
                 detail = f"the backup of {', '.join(lost)} is missing or altered, so revert cannot restore it; {RECOVER}"
@@ -192,7 +192,7 @@ def _unusable_backups(state_dir: StateDir, manifest: Manifest, relpaths: list[st
 
 def _state_from_markers(engine: InstalledEngine, patch: Patch, problem: str) -> tuple[PatchStateName, str, dict[str, str]]:
     files = {}
-    for edit in patch.files:
+    for edit in patch.files_for(engine.version):
         try:
             data = fs.read_bytes(engine_file(engine, edit.relpath))
         except OSError:

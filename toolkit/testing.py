@@ -24,8 +24,9 @@ entry-point group), in its own test suite::
 * :func:`conformance_problems` / :func:`assert_conforms`: for every release (default: every known
   release of the patch's engine inside ``patch.versions``, see :mod:`toolkit.releases`), on a copy of
   the release's files, through the patch engine as ``toolkit apply-patch`` runs it: every anchor is
-  found, the apply edits every declared file, each result compiles and carries the marker, ``status``
-  says applied, a second apply changes nothing, the revert is byte-identical and leaves no state; and
+  found, the apply edits every file declared for the release (``Patch.files_for``), each result
+  compiles and carries the marker, ``status`` says applied, a second apply changes nothing, the revert
+  is byte-identical and leaves no state; and
   composed with each other patch of the engine supporting the release (``others``) that edits one of
   its files (patches with no file in common are planned and written apart), both orders give
   the same bytes, reverting one leaves the other as if applied alone, reverting all is byte-identical.
@@ -139,7 +140,7 @@ def golden_problems(tree: SourceTree, patch: Patch, root: Path, *, allow_unknown
     """What goes wrong applying ``patch`` to a copy of its files of ``tree`` under ``root``, and
     reverting it; ``[]`` when nothing does. A refusal of the patch engine is one problem, not a raise.
     ``catalog``: the engine's patches (default: the registry's)."""
-    relpaths = [edit.relpath for edit in patch.files]
+    relpaths = [edit.relpath for edit in patch.files_for(tree.version)]
     installed = copy_files(tree, relpaths, root)
     before = digests(installed, relpaths)
     problems: list[str] = []
@@ -180,7 +181,7 @@ def composition_problems(tree: SourceTree, patch: Patch, other: Patch, root: Pat
     """``patch`` with ``other`` on a copy of both's files of ``tree`` under ``root``: applied in either
     order the same bytes, each reverted leaves the other as if applied alone, all reverted the release's
     bytes. A refusal (two patches editing one function with no ``after=`` between them) is a problem."""
-    relpaths = sorted({edit.relpath for p in (patch, other) for edit in p.files})
+    relpaths = sorted({edit.relpath for p in (patch, other) for edit in p.files_for(tree.version)})
     installed = copy_files(tree, relpaths, root)
     opts: dict[str, Any] = {"catalog": catalog}
     a, b = patch.id, other.id
@@ -284,11 +285,11 @@ def _release_problems(patch: Patch, dist: str, version: str, catalog: Catalog,
         return problems  # the apply would refuse (fail closed): nothing more to learn on this release
     with tempfile.TemporaryDirectory(prefix="toolkit-conformance-") as tmp:
         problems += golden_problems(tree, patch, Path(tmp) / "alone", allow_unknown_version=True, catalog=catalog)
-        own_files = {edit.relpath for edit in patch.files}
+        own_files = {edit.relpath for edit in patch.files_for(version)}
         for other in others:
-            if not own_files & {edit.relpath for edit in other.files}:
+            if not own_files & {edit.relpath for edit in other.files_for(version)}:
                 continue  # no file in common: each file is planned and written on its own, nothing to compose
-            if not all(tree.read(edit.relpath) is not None for edit in other.files):
+            if not all(tree.read(edit.relpath) is not None for edit in other.files_for(version)):
                 problems.append(f"with {other.id}: the release lacks a file it edits")
                 continue
             problems += composition_problems(tree, patch, other, Path(tmp) / f"with-{other.id}", catalog=catalog)

