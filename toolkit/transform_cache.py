@@ -104,14 +104,19 @@ def read(path: Path | None) -> Any:
 def write(path: Path | None, value: Any) -> None:
     if path is None:
         return
+    partial = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
         with os.fdopen(handle, "wb") as out:
             pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(partial, path)  # atomic: another process reads the whole entry or none
+        partial = None
     except OSError:
-        try:
-            os.unlink(partial)
-        except (OSError, UnboundLocalError):
-            pass
+        pass  # a cache that cannot be written is no cache: the result stands
+    finally:
+        if partial is not None:  # failed or interrupted (Ctrl-C) before the rename: no temp file left
+            try:
+                os.unlink(partial)
+            except OSError:
+                pass

@@ -228,3 +228,17 @@ def test_a_real_patch_checked_twice_the_second_process_reads_every_result(tmp_pa
     assert second.returncode == 0, second.stderr
     assert second.stdout == first.stdout
     assert {p: p.stat().st_mtime_ns for p in cache.iterdir()} == entries
+
+
+def test_an_entry_write_that_fails_or_is_interrupted_leaves_no_temp_file(tmp_path, monkeypatch):
+    entry = tmp_path / "codemods" / "entry"
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transform_cache.pickle, "dump", interrupted)
+    with pytest.raises(KeyboardInterrupt):  # Ctrl-C still stops the command
+        transform_cache.write(entry, ("after", [], True))
+    monkeypatch.setattr(transform_cache.pickle, "dump", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
+    transform_cache.write(entry, ("after", [], True))  # a full disk: no entry, no error
+    assert list(entry.parent.iterdir()) == []
