@@ -220,3 +220,55 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
     assert schedule_unit(f"{token_ids}::test_c[0.5.10-plain]") == "sglang-serving::0.5.10"
     assert schedule_unit(f"{splice}::test_d[0.5.23-chatml]") == "sglang-serving::0.5.23"
     assert schedule_unit(f"{splice}::test_e") == splice
+
+
+def test_workers_take_the_longest_unit_first_as_last_measured(tmp_path, monkeypatch):
+    """xdist takes the next unit with ``workqueue.popitem(last=False)``: the scheduler's queue gives the
+    unit measured longest (the committed table, this machine's record over it), one never measured at
+    half a second a test, equal ones in queue order; a damaged record is ignored."""
+    import json
+
+    from tests.harness import workers
+
+    committed = tmp_path / "committed.json"
+    committed.write_text(json.dumps({"verify::0.24.0": 120, "a.py": 5, "b.py": 50}))
+    monkeypatch.setattr(workers, "UNIT_SECONDS", committed)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / workers.RECORDED_NAME).write_text(json.dumps({"a.py": 300, "junk": "x"}))
+    seconds = workers.recorded_unit_seconds(cache)
+    assert seconds == {"verify::0.24.0": 120.0, "a.py": 300.0, "b.py": 50.0}  # the machine's record wins
+
+    queue = workers.LongestFirst(seconds)
+    for scope, tests in [("many.py", 200), ("b.py", 3), ("verify::0.24.0", 1), ("a.py", 9), ("x.py", 2),
+                         ("y.py", 2)]:
+        queue[scope] = {f"{scope}::t{i}": False for i in range(tests)}
+    order = [queue.popitem(last=False)[0] for _ in range(len(queue))]
+    assert order == ["a.py", "verify::0.24.0", "many.py", "b.py", "x.py", "y.py"]  # many.py: 200 x 0.5 s
+
+    (cache / workers.RECORDED_NAME).write_text("{not json")
+    assert workers.recorded_unit_seconds(cache) == {"verify::0.24.0": 120.0, "a.py": 5.0, "b.py": 50.0}
+    assert workers.schedule_unit("tests/patches/vllm/superlinear/test_bench_gpu.py::test_g[sglang-sglang-0.5.23]") \
+        == "tests/patches/vllm/superlinear/test_bench_gpu.py::0.5.23"
+
+
+def test_a_run_records_its_seconds_per_unit_unless_tests_were_deselected(tmp_path, monkeypatch):
+    """tests/harness/phases.py: at the end of a run the controller merges each unit's seconds into the
+    shared cache's record (what ran replaces, the rest stays); a run with deselected tests records nothing."""
+    import json
+
+    from tests.harness import phases, workers
+
+    monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    (tmp_path / workers.RECORDED_NAME).write_text(json.dumps({"old.py": 7.0, "a.py": 1.0}))
+    monkeypatch.setattr(phases, "_UNIT_SECONDS", {"a.py": 12.34, "verify::0.25.0": 100.0})
+    monkeypatch.setattr(phases, "_DESELECTED", [])
+    phases.pytest_sessionfinish(None)
+    assert json.loads((tmp_path / workers.RECORDED_NAME).read_text()) == \
+        {"old.py": 7.0, "a.py": 12.3, "verify::0.25.0": 100.0}
+    monkeypatch.setattr(phases, "_UNIT_SECONDS", {"a.py": 1.0})
+    monkeypatch.setattr(phases, "_DESELECTED", [3])
+    phases.pytest_sessionfinish(None)
+    assert json.loads((tmp_path / workers.RECORDED_NAME).read_text())["a.py"] == 12.3
+    assert [p.name for p in tmp_path.iterdir()] == [workers.RECORDED_NAME]  # no temp file left

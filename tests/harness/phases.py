@@ -16,13 +16,23 @@ controller on the report (``user_properties``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections import defaultdict
 
 import pytest
 
+from tests.harness.workers import RECORDED_NAME, schedule_unit
+
 _SECONDS: dict[str, float] = defaultdict(float)
 _CPU: dict[str, float] = defaultdict(float)
+_UNIT_SECONDS: dict[str, float] = defaultdict(float)  # per scheduling unit (tests/harness/workers.py)
+_DESELECTED: list[int] = []  # -k / -m left tests out: units ran in part, their seconds are not recorded
+
+
+def pytest_deselected(items) -> None:
+    if items:
+        _DESELECTED.append(len(items))
 CPU_PROPERTY = "toolkit_cpu_seconds"
 _CPU_KEY = pytest.StashKey[dict]()  # per test item: when -> CPU seconds of that phase
 
@@ -72,6 +82,8 @@ def pytest_runtest_makereport(item, call):
 def pytest_runtest_logreport(report) -> None:
     folder = _folder(report.nodeid)
     _SECONDS[folder] += report.duration
+    unit = schedule_unit(report.nodeid)
+    _UNIT_SECONDS[unit] = _UNIT_SECONDS.get(unit, 0.0) + report.duration
     for name, value in getattr(report, "user_properties", ()) or ():
         if name == CPU_PROPERTY:
             _CPU[folder] += float(value)
@@ -93,3 +105,28 @@ def pytest_terminal_summary(terminalreporter) -> None:
             for folder, seconds in sorted(_SECONDS.items()):
                 handle.write(f"{seconds:.1f}\tpytest {folder}\n")
                 handle.write(f"{_CPU.get(folder, 0.0):.1f}\tpytest {folder} (cpu)\n")
+
+
+def pytest_sessionfinish(session) -> None:
+    """The controller (or a plain run) adds this run's seconds per scheduling unit to the shared cache's
+    record, which orders the next run's units longest first. Only units that ran are replaced; a unit
+    run with tests deselected (-k, -m, --quick) records nothing: its units ran in part."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _UNIT_SECONDS or _DESELECTED:
+        return
+    from tests.harness.fixtures import toolkit_cache_dir
+
+    path = toolkit_cache_dir() / RECORDED_NAME
+    try:
+        table = json.loads(path.read_text())
+        if not isinstance(table, dict):
+            table = {}
+    except (OSError, ValueError):
+        table = {}
+    table.update({unit: round(seconds, 1) for unit, seconds in _UNIT_SECONDS.items()})
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an ordering hint only: a read-only or full cache leaves the next run in xdist's order

@@ -17,10 +17,12 @@ Without xdist (a plain ``pytest``), nothing changes.
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import re
+import shutil
 import subprocess
+from collections import OrderedDict
 from pathlib import Path
 
 SHARED_VENVS = ("dev",)  # never patched by a test: shared, so paths derived from it agree across workers
@@ -89,6 +91,8 @@ SPLIT_BY_RELEASE = (
     "tests/patches/sglang/superlinear/test_releases.py",
     # a real server per release: twelve of them, about 20 minutes in one unit
     "tests/verify/test_verify.py",
+    # the GPU script's dry run on each engine, 3-4 minutes each
+    "tests/patches/vllm/superlinear/test_bench_gpu.py",
 )
 RELEASE = re.compile(r"\d+\.\d+\.\d+(?:\.post\d+)?")
 # Files whose tests of one release share one computation or one server: one unit per release, so one
@@ -123,14 +127,60 @@ def schedule_unit(nodeid: str) -> str:
     return path
 
 
+# The scheduler hands out the longest units first (their seconds as last measured: UNIT_SECONDS, then
+# this machine's own record of its last runs), so that the run does not end on one worker still starting
+# a server while the other waits. xdist's own order (the most tests first) put the single-test units, a
+# verify run of ~2 minutes each, last.
+UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")  # a full run's record, committed (for a new machine)
+RECORDED_NAME = "test-unit-seconds.json"  # in the shared cache: tests/harness/phases.py adds each run's
+SECONDS_PER_UNKNOWN_TEST = 0.5  # a unit never measured: its tests at a quick test's time each
+
+
+def recorded_unit_seconds(shared_cache: Path) -> dict[str, float]:
+    """Seconds per scheduling unit: the committed table, then this machine's own record over it."""
+    seconds: dict[str, float] = {}
+    for path in (UNIT_SECONDS, shared_cache / RECORDED_NAME):
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(table, dict):
+            seconds.update({str(k): float(v) for k, v in table.items() if isinstance(v, (int, float))})
+    return seconds
+
+
+class LongestFirst(OrderedDict):
+    """xdist's work queue (scope -> its tests), whose ``popitem(last=False)`` (the only way xdist takes
+    the next unit) gives the unit expected to take longest; equal ones in queue order."""
+
+    def __init__(self, seconds: dict[str, float]):
+        super().__init__()
+        self._seconds = seconds
+
+    def expected_seconds(self, scope: str) -> float:
+        known = self._seconds.get(scope)
+        return known if known is not None else SECONDS_PER_UNKNOWN_TEST * len(self[scope])
+
+    def popitem(self, last: bool = True):
+        if last or not self:
+            return super().popitem(last)
+        longest = max(enumerate(self), key=lambda item: (self.expected_seconds(item[1]), -item[0]))[1]
+        return longest, self.pop(longest)
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` (scripts/test.sh), with the files above split by release; any other mode as
-    xdist has it (its own hook answers)."""
+    """``--dist loadfile`` (scripts/test.sh), with the files above split by release and the longest units
+    first; any other mode as xdist has it (its own hook answers)."""
     if config.getvalue("dist") != "loadfile":
         return None
+    from tests.harness.fixtures import toolkit_cache_dir
     from xdist.scheduler import LoadScopeScheduling
 
     class ReleaseSplitScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            self.workqueue = LongestFirst(recorded_unit_seconds(toolkit_cache_dir()))
+
         def _split_scope(self, nodeid: str) -> str:
             return schedule_unit(nodeid)
 
