@@ -93,6 +93,10 @@ SPLIT_BY_RELEASE = (
     "tests/verify/test_verify.py",
     # the GPU script's dry run on each engine, 3-4 minutes each
     "tests/patches/vllm/superlinear/test_bench_gpu.py",
+    # tensor-parallel sweep servers of each vLLM line, about 3.5 minutes each
+    "tests/patches/vllm/patch_sweep/test_tensor_parallel.py",
+    # the fault suite on each real engine tree, 1-4 minutes each
+    "tests/toolkit/test_faults.py",
 )
 RELEASE = re.compile(r"\d+\.\d+\.\d+(?:\.post\d+)?")
 # Files whose tests of one release share one computation or one server: one unit per release, so one
