@@ -2,7 +2,7 @@
 tests/harness/fixtures.py; every test folder sees them through this plugin line. tests/harness/phases.py
 times each folder; tests/harness/workers.py gives each parallel (xdist) worker its own engine venvs."""
 
-pytest_plugins = ["tests.harness.fixtures", "tests.harness.phases", "tests.harness.workers"]
+pytest_plugins = ["tests.harness.fixtures", "tests.harness.workers", "tests.harness.phases"]
 
 try:
     from hypothesis import HealthCheck, settings

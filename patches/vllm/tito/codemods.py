@@ -10,6 +10,8 @@ tool-choice checks and the parser's ``adjust_request`` still run, for chat and H
 ``OnlineRenderer.preprocess_chat`` the rendered prompt gets ``prefix_token_ids`` spliced in. A module
 without that function (vLLM before 0.27) gets the two reuse branches it would call it from, for
 ``input_ids`` only: around the render in ``preprocess_chat`` and first in ``_make_request_with_harmony``.
+vLLM 0.24 has both methods on ``OpenAIServingRender`` in entrypoints/serve/render/serving.py: the same
+transformer edits that file there.
 
 chat_completion/api_router.py: ``create_chat_completion`` also answers ``/v1/chat/completions/tokens``
 (prime-rl / verifiers' token route, whose ``tokens`` field the validator maps to ``input_ids``).
@@ -120,6 +122,10 @@ class ProtocolTransformer(AnchoredTransformer):
 # vllm/renderers/online_renderer.py
 
 
+# The class whose preprocess_chat renders a chat prompt: OnlineRenderer (renderers/online_renderer.py,
+# 0.25 on); vLLM 0.24 has the same methods on OpenAIServingRender (entrypoints/serve/render/serving.py).
+RENDERER_CLASSES = ("OnlineRenderer", "OpenAIServingRender")
+RENDERER_CLASS = m.ClassDef(name=m.OneOf(*(m.Name(name) for name in RENDERER_CLASSES)))
 RENDER_CHAT = m.SimpleStatementLine(body=[m.Assign(value=m.Await(m.Call(func=m.Attribute(attr=m.Name("render_chat_async")))))])
 HOOK = "_reused_prompt_token_ids"
 HARMONY = "_make_request_with_harmony"
@@ -130,7 +136,7 @@ SPLICE = f"engine_input = {RUNTIME}.splice_prefix(request, renderer, messages, c
 
 class OnlineRendererTransformer(AnchoredTransformer):
     RUNTIME, RUNTIME_ALIAS = PACKAGE, RUNTIME
-    INSIDE = {MODULE: frozenset({HOOK}), "OnlineRenderer": frozenset({"preprocess_chat", HARMONY})}
+    INSIDE = {MODULE: frozenset({HOOK}), **{name: frozenset({"preprocess_chat", HARMONY}) for name in RENDERER_CLASSES}}
     # Two paths, by what the module has (visit_Module drops the other path's anchors): vLLM's prompt-reuse
     # hook (0.27 on), which input_ids ride on; without it, the two reuse branches 0.27 added, built here
     # around the same render and first in Harmony's request builder.
@@ -138,9 +144,10 @@ class OnlineRendererTransformer(AnchoredTransformer):
         HOOK: "module function _reused_prompt_token_ids(request, renderer, ...)",
         "tokens_input": "`from vllm.inputs import ..., tokens_input` (without _reused_prompt_token_ids: the "
                         "input_ids branches built in its place call it)",
-        HARMONY: "OnlineRenderer._make_request_with_harmony(self, request, ...) (without "
+        HARMONY: "OnlineRenderer._make_request_with_harmony(self, request, ...) (0.24: OpenAIServingRender's; without "
                  "_reused_prompt_token_ids: gets an input_ids branch first, as 0.27's reuse branch)",
-        "render-chat": "`... = await renderer.render_chat_async(...)` in OnlineRenderer.preprocess_chat",
+        "render-chat": "`... = await renderer.render_chat_async(...)` in OnlineRenderer.preprocess_chat (0.24: "
+                       "OpenAIServingRender.preprocess_chat)",
     }
 
     def __init__(self, context: PatchContext) -> None:
@@ -156,7 +163,8 @@ class OnlineRendererTransformer(AnchoredTransformer):
         return True
 
     @m.leave(m.IndentedBlock())
-    @in_method("OnlineRenderer", "preprocess_chat")
+    @m.call_if_inside(RENDERER_CLASS)
+    @m.call_if_inside(m.FunctionDef(name=m.Name("preprocess_chat")))
     def splice_prefix(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         if self.has_hook:  # the render is already the hook's else branch
             return after_matching(self, updated_node, RENDER_CHAT, "render-chat", SPLICE)
@@ -188,7 +196,7 @@ class OnlineRendererTransformer(AnchoredTransformer):
     @m.leave(m.FunctionDef(name=m.Name(HARMONY),
                            params=m.Parameters(params=[m.Param(name=m.Name("self")), m.Param(name=m.Name("request")),
                                                        m.ZeroOrMore()])))
-    @m.call_if_inside(m.ClassDef(name=m.Name("OnlineRenderer")))
+    @m.call_if_inside(RENDERER_CLASS)
     def harmony_input_ids_first(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         """Without the hook: 0.27's Harmony reuse branch (the ids straight to the engine) comes first."""
         if self.has_hook:
@@ -217,7 +225,7 @@ class OnlineRendererTransformer(AnchoredTransformer):
         return with_body(updated_node, after_docstring(updated_node, new))
 
     @m.leave(m.Call(func=m.Name(HOOK), args=[m.Arg(value=m.Name("request"), keyword=None)]))
-    @m.call_if_inside(m.ClassDef(name=m.Name("OnlineRenderer")))
+    @m.call_if_inside(RENDERER_CLASS)
     def pass_the_renderer(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         """vLLM 0.30/0.31's callers pass only the request: add ``renderer=self.renderer``."""
         return updated_node.with_changes(args=[

@@ -8,12 +8,13 @@ CODEMODS = "toolkit.patches.vllm.tito.codemods"
 PATCH = Patch(
     id="tito",
     engine="vllm",
-    # 0.25/0.26 have no _reused_prompt_token_ids: the renderer codemod builds the reuse branches 0.27 added;
-    # 0.24 keeps OnlineRenderer's code in entrypoints/serve/render/serving.py
-    versions=">=0.25,<0.34",
+    # 0.24-0.26 have no _reused_prompt_token_ids: the renderer codemod builds the reuse branches 0.27 added;
+    # 0.24 has OnlineRenderer's methods on OpenAIServingRender in entrypoints/serve/render/serving.py
+    versions=">=0.24,<0.34",
     files=(
         FileEdit("entrypoints/openai/chat_completion/protocol.py", (f"{CODEMODS}:ProtocolTransformer",)),
-        FileEdit("renderers/online_renderer.py", (f"{CODEMODS}:OnlineRendererTransformer",)),
+        FileEdit("renderers/online_renderer.py", (f"{CODEMODS}:OnlineRendererTransformer",), versions=">=0.25"),
+        FileEdit("entrypoints/serve/render/serving.py", (f"{CODEMODS}:OnlineRendererTransformer",), versions="<0.25"),
         FileEdit("entrypoints/openai/chat_completion/serving.py", (f"{CODEMODS}:ServingTransformer",)),
         FileEdit("entrypoints/openai/chat_completion/api_router.py", (f"{CODEMODS}:ApiRouterTransformer",)),
         FileEdit("entrypoints/openai/responses/protocol.py", (f"{CODEMODS}:ResponsesProtocolTransformer",)),

