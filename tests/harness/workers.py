@@ -135,7 +135,9 @@ def schedule_unit(nodeid: str) -> str:
 # this machine's own record of its last runs), so that the run does not end on one worker still starting
 # a server while the other waits. xdist's own order (the most tests first) put the single-test units, a
 # verify run of ~2 minutes each, last.
-UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")  # a full run's record, committed (for a new machine)
+# A full run's record, committed for a new machine (units of a second or more, rounded): the clean-clone
+# CI run of 2085b23 on 2026-11-26 (docs/benchmarks.md). Refresh it by copying <cache>/test-unit-seconds.json.
+UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
 RECORDED_NAME = "test-unit-seconds.json"  # in the shared cache: tests/harness/phases.py adds each run's
 SECONDS_PER_UNKNOWN_TEST = 0.5  # a unit never measured: its tests at a quick test's time each
 
