@@ -254,21 +254,38 @@ def test_workers_take_the_longest_unit_first_as_last_measured(tmp_path, monkeypa
 
 def test_a_run_records_its_seconds_per_unit_unless_tests_were_deselected(tmp_path, monkeypatch):
     """tests/harness/phases.py: at the end of a run the controller merges each unit's seconds into the
-    shared cache's record (what ran replaces, the rest stays); a run with deselected tests records nothing."""
+    shared cache's record (what ran replaces, the rest stays); a run whose units may have run in part
+    (deselected tests, an early stop) records nothing."""
     import json
+    import types
 
     from tests.harness import phases, workers
 
     monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     (tmp_path / workers.RECORDED_NAME).write_text(json.dumps({"old.py": 7.0, "a.py": 1.0}))
+    monkeypatch.delenv("TOOLKIT_QUICK", raising=False)
     monkeypatch.setattr(phases, "_UNIT_SECONDS", {"a.py": 12.34, "verify::0.25.0": 100.0})
     monkeypatch.setattr(phases, "_DESELECTED", [])
-    phases.pytest_sessionfinish(None)
+
+    def finish(exitstatus=0, **options):
+        plain = {"keyword": "", "markexpr": "", "deselect": None, "maxfail": 0, "lf": False, "failedfirst": False}
+        config = types.SimpleNamespace(option=types.SimpleNamespace(**{**plain, **options}))
+        phases.pytest_sessionfinish(types.SimpleNamespace(config=config), exitstatus)
+
+    finish(exitstatus=1)  # tests failed: the run still went through every unit
     assert json.loads((tmp_path / workers.RECORDED_NAME).read_text()) == \
         {"old.py": 7.0, "a.py": 12.3, "verify::0.25.0": 100.0}
     monkeypatch.setattr(phases, "_UNIT_SECONDS", {"a.py": 1.0})
+    # -k, -m (as --quick passes it; under xdist only the workers see what was deselected), --deselect, -x,
+    # --lf, a run stopped by Ctrl-C, TOOLKIT_QUICK: nothing recorded
+    for partial in ({"keyword": "verify"}, {"markexpr": "not server"}, {"deselect": ["tests/x.py::t"]},
+                    {"maxfail": 1}, {"lf": True}, {"exitstatus": 2}):
+        finish(**partial)
     monkeypatch.setattr(phases, "_DESELECTED", [3])
-    phases.pytest_sessionfinish(None)
+    finish()
+    monkeypatch.setattr(phases, "_DESELECTED", [])
+    monkeypatch.setenv("TOOLKIT_QUICK", "1")
+    finish()
     assert json.loads((tmp_path / workers.RECORDED_NAME).read_text())["a.py"] == 12.3
     assert [p.name for p in tmp_path.iterdir()] == [workers.RECORDED_NAME]  # no temp file left

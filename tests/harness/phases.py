@@ -27,12 +27,26 @@ from tests.harness.workers import RECORDED_NAME, schedule_unit
 _SECONDS: dict[str, float] = defaultdict(float)
 _CPU: dict[str, float] = defaultdict(float)
 _UNIT_SECONDS: dict[str, float] = defaultdict(float)  # per scheduling unit (tests/harness/workers.py)
-_DESELECTED: list[int] = []  # -k / -m left tests out: units ran in part, their seconds are not recorded
+_DESELECTED: list[int] = []  # tests left out (a plain run sees it here): units ran in part, nothing is recorded
 
 
 def pytest_deselected(items) -> None:
     if items:
         _DESELECTED.append(len(items))
+
+
+def ran_in_part(config, exitstatus: int) -> bool:
+    """Whether some unit of this run may have run only in part, so that its seconds say too little: tests
+    deselected (-k, -m, --deselect, --quick; under xdist the workers deselect, so the controller reads the
+    options), or the run stopped early (-x, Ctrl-C, an internal error)."""
+    option = config.option
+    if _DESELECTED or os.environ.get("TOOLKIT_QUICK") == "1":
+        return True
+    if getattr(option, "keyword", "") or getattr(option, "markexpr", "") or getattr(option, "deselect", None):
+        return True
+    if getattr(option, "maxfail", 0) or getattr(option, "lf", False) or getattr(option, "failedfirst", False):
+        return True
+    return exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
 CPU_PROPERTY = "toolkit_cpu_seconds"
 _CPU_KEY = pytest.StashKey[dict]()  # per test item: when -> CPU seconds of that phase
 
@@ -107,11 +121,11 @@ def pytest_terminal_summary(terminalreporter) -> None:
                 handle.write(f"{_CPU.get(folder, 0.0):.1f}\tpytest {folder} (cpu)\n")
 
 
-def pytest_sessionfinish(session) -> None:
+def pytest_sessionfinish(session, exitstatus) -> None:
     """The controller (or a plain run) adds this run's seconds per scheduling unit to the shared cache's
-    record, which orders the next run's units longest first. Only units that ran are replaced; a unit
-    run with tests deselected (-k, -m, --quick) records nothing: its units ran in part."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or not _UNIT_SECONDS or _DESELECTED:
+    record, which orders the next run's units longest first. Only units that ran are replaced; a run
+    whose units may have run in part (``ran_in_part``) records nothing."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _UNIT_SECONDS or ran_in_part(session.config, exitstatus):
         return
     from tests.harness.fixtures import toolkit_cache_dir
 
