@@ -88,6 +88,13 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
     statuses = {r["name"]: r["status"] for r in report["results"]}
     assert set(statuses.values()) == {"pass"}
     assert {"responses-stream", "input-ids", "patch-sweep"} <= set(statuses)
+    # The multi-turn check: three turns through the prefix splice, the first calling a tool; the tiny model
+    # writes "<tool_" "call>" as two ids, which re-templating merges into the added token, so the report
+    # says where plain re-templating would have drifted (was tests/verify/test_multi_turn_check.py's vLLM
+    # case, on a server of its own with tito alone).
+    multi_turn = {r["name"]: r["detail"] for r in report["results"]}["multi-turn"]
+    assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = "), multi_turn
+    assert "plain re-templating drifts at token" in multi_turn and "turn 3: prompt = " in multi_turn
     print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
 
 
@@ -156,6 +163,16 @@ def test_patched_sglang_passes(venv, engine_python, tiny_model, shim_env):
     assert report.ok, [(r.name, r.status, r.detail, r.evidence) for r in report.results]
     assert statuses["input-ids"] == "pass" and statuses["concurrency"] == "pass"
     assert statuses["multi-turn"] == "pass", statuses
+    # The multi-turn check's report (was tests/verify/test_multi_turn_check.py, a server of its own per
+    # release with the same patches): on 0.5.23 three turns, the first calling a tool, and where plain
+    # re-templating would have drifted; on 0.5.9 unsteered, since SGLang's grammar backend crashes on CPU.
+    multi_turn = {r.name: r.detail for r in report.results}["multi-turn"]
+    if venv == "sglang-0.5.23":
+        assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = "), multi_turn
+        assert "plain re-templating drifts at token" in multi_turn
+    else:
+        assert "unsteered (SGLang's grammar backend crashes on CPU before 0.5.23)" in multi_turn, multi_turn
+        assert "turn 3: prompt = " in multi_turn
     assert_cleaned_up(report)
 
 
