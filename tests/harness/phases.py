@@ -47,6 +47,8 @@ def ran_in_part(config, exitstatus: int) -> bool:
     if getattr(option, "maxfail", 0) or getattr(option, "lf", False) or getattr(option, "failedfirst", False):
         return True
     return exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED)
+
+
 CPU_PROPERTY = "toolkit_cpu_seconds"
 _CPU_KEY = pytest.StashKey[dict]()  # per test item: when -> CPU seconds of that phase
 
