@@ -21,10 +21,17 @@ RUNTIME_ANCHOR = "runtime-import"
 MODULE = ""  # INSIDE's key for module-level functions
 
 
-def in_method(class_name: str, method: str):
-    """Gate a matcher-decorated edit to the inside of ``class_name.method`` (the method itself included)."""
+def class_named(names: str | Sequence[str]) -> m.ClassDef:
+    """Matches a class named ``names`` (or any of them: a class that moved between releases)."""
+    names = (names,) if isinstance(names, str) else tuple(names)
+    return m.ClassDef(name=m.OneOf(*(m.Name(name) for name in names)) if len(names) > 1 else m.Name(names[0]))
+
+
+def in_method(class_name: str | Sequence[str], method: str):
+    """Gate a matcher-decorated edit to the inside of ``class_name.method`` (the method itself included);
+    ``class_name`` may name several classes."""
     def gate(function):
-        return m.call_if_inside(m.ClassDef(name=m.Name(class_name)))(
+        return m.call_if_inside(class_named(class_name))(
             m.call_if_inside(m.FunctionDef(name=m.Name(method)))(function))
     return gate
 

@@ -22,11 +22,11 @@ from collections import defaultdict
 
 import pytest
 
-from tests.harness.workers import RECORDED_NAME, schedule_unit
+from tests.harness.workers import RECORDED_NAME, read_unit_seconds, schedule_unit
 
 _SECONDS: dict[str, float] = defaultdict(float)
 _CPU: dict[str, float] = defaultdict(float)
-_UNIT_SECONDS: dict[str, float] = defaultdict(float)  # per scheduling unit (tests/harness/workers.py)
+_UNIT_SECONDS: dict[str, float] = {}  # per scheduling unit (tests/harness/workers.py)
 _DESELECTED: list[int] = []  # tests left out (a plain run sees it here): units ran in part, nothing is recorded
 
 
@@ -130,19 +130,12 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") or not _UNIT_SECONDS or ran_in_part(session.config, exitstatus):
         return
     from tests.harness.fixtures import toolkit_cache_dir
+    from toolkit.fs import atomic_write
 
     path = toolkit_cache_dir() / RECORDED_NAME
-    try:
-        table = json.loads(path.read_text())
-        if not isinstance(table, dict):
-            table = {}
-    except (OSError, ValueError):
-        table = {}
-    table.update({unit: round(seconds, 1) for unit, seconds in _UNIT_SECONDS.items()})
+    table = {**read_unit_seconds(path), **{unit: round(seconds, 1) for unit, seconds in _UNIT_SECONDS.items()}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(table, indent=1, sort_keys=True).encode(), 0o644)
     except OSError:
         pass  # an ordering hint only: a read-only or full cache leaves the next run in xdist's order

@@ -142,17 +142,20 @@ RECORDED_NAME = "test-unit-seconds.json"  # in the shared cache: tests/harness/p
 SECONDS_PER_UNKNOWN_TEST = 0.5  # a unit never measured: its tests at a quick test's time each
 
 
+def read_unit_seconds(path: Path) -> dict[str, float]:
+    """One record of seconds per scheduling unit; a missing or damaged one (or entry) reads as nothing."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(table, dict):
+        return {}
+    return {str(k): float(v) for k, v in table.items() if isinstance(v, (int, float))}
+
+
 def recorded_unit_seconds(shared_cache: Path) -> dict[str, float]:
     """Seconds per scheduling unit: the committed table, then this machine's own record over it."""
-    seconds: dict[str, float] = {}
-    for path in (UNIT_SECONDS, shared_cache / RECORDED_NAME):
-        try:
-            table = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(table, dict):
-            seconds.update({str(k): float(v) for k, v in table.items() if isinstance(v, (int, float))})
-    return seconds
+    return {**read_unit_seconds(UNIT_SECONDS), **read_unit_seconds(shared_cache / RECORDED_NAME)}
 
 
 class LongestFirst(OrderedDict):

@@ -25,7 +25,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from toolkit.codemod import MODULE, AnchoredTransformer, PatchContext, after_last_field, has_params, in_method, with_body
+from toolkit.codemod import (MODULE, AnchoredTransformer, PatchContext, after_last_field, class_named, has_params, in_method,
+                             with_body)
 
 RUNTIME = "_toolkit_tito"
 PACKAGE = "toolkit.patches.vllm.tito"
@@ -125,7 +126,6 @@ class ProtocolTransformer(AnchoredTransformer):
 # The class whose preprocess_chat renders a chat prompt: OnlineRenderer (renderers/online_renderer.py,
 # 0.25 on); vLLM 0.24 has the same methods on OpenAIServingRender (entrypoints/serve/render/serving.py).
 RENDERER_CLASSES = ("OnlineRenderer", "OpenAIServingRender")
-RENDERER_CLASS = m.ClassDef(name=m.OneOf(*(m.Name(name) for name in RENDERER_CLASSES)))
 RENDER_CHAT = m.SimpleStatementLine(body=[m.Assign(value=m.Await(m.Call(func=m.Attribute(attr=m.Name("render_chat_async")))))])
 HOOK = "_reused_prompt_token_ids"
 HARMONY = "_make_request_with_harmony"
@@ -163,8 +163,7 @@ class OnlineRendererTransformer(AnchoredTransformer):
         return True
 
     @m.leave(m.IndentedBlock())
-    @m.call_if_inside(RENDERER_CLASS)
-    @m.call_if_inside(m.FunctionDef(name=m.Name("preprocess_chat")))
+    @in_method(RENDERER_CLASSES, "preprocess_chat")
     def splice_prefix(self, original_node: cst.IndentedBlock, updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
         if self.has_hook:  # the render is already the hook's else branch
             return after_matching(self, updated_node, RENDER_CHAT, "render-chat", SPLICE)
@@ -196,7 +195,7 @@ class OnlineRendererTransformer(AnchoredTransformer):
     @m.leave(m.FunctionDef(name=m.Name(HARMONY),
                            params=m.Parameters(params=[m.Param(name=m.Name("self")), m.Param(name=m.Name("request")),
                                                        m.ZeroOrMore()])))
-    @m.call_if_inside(RENDERER_CLASS)
+    @m.call_if_inside(class_named(RENDERER_CLASSES))
     def harmony_input_ids_first(self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef) -> cst.FunctionDef:
         """Without the hook: 0.27's Harmony reuse branch (the ids straight to the engine) comes first."""
         if self.has_hook:
@@ -225,7 +224,7 @@ class OnlineRendererTransformer(AnchoredTransformer):
         return with_body(updated_node, after_docstring(updated_node, new))
 
     @m.leave(m.Call(func=m.Name(HOOK), args=[m.Arg(value=m.Name("request"), keyword=None)]))
-    @m.call_if_inside(RENDERER_CLASS)
+    @m.call_if_inside(class_named(RENDERER_CLASSES))
     def pass_the_renderer(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
         """vLLM 0.30/0.31's callers pass only the request: add ``renderer=self.renderer``."""
         return updated_node.with_changes(args=[
