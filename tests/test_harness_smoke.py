@@ -73,6 +73,10 @@ def test_vllm_cpu_server_returns_prompt_ids_equal_to_the_local_chat_template(eng
     assert choice["message"]["content"]
     assert choice["token_ids"] == again["choices"][0]["token_ids"]  # greedy is deterministic
     assert_all_gone(pids + list(starts), starts, tmp_dir)
+    # the server's worker threads as the harness set them (tests/harness/workers.py share_the_cores: unpinned
+    # under parallel workers), or vLLM's own default in a serial run
+    binding = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    assert f"VLLM_CPU_OMP_THREADS_BIND={binding!r}" in log.read_text()
     (entry,) = kept.glob("*LlamaForCausalLM.json")
     assert json.loads(entry.read_text())["hash"]
     if had:  # an earlier server of the suite kept it: this one must have read it
@@ -220,6 +224,23 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
     assert schedule_unit(f"{token_ids}::test_c[0.5.10-plain]") == "sglang-serving::0.5.10"
     assert schedule_unit(f"{splice}::test_d[0.5.23-chatml]") == "sglang-serving::0.5.23"
     assert schedule_unit(f"{splice}::test_e") == splice
+
+
+def test_parallel_workers_share_the_cores_instead_of_each_taking_them_all():
+    """tests/harness/workers.py share_the_cores: each worker's processes get cores // workers OpenMP threads
+    and vLLM's CPU worker threads unpinned, unless the environment says otherwise; in this very run (under
+    xdist) the worker's environment holds them."""
+    from tests.harness.workers import share_the_cores
+
+    environ: dict[str, str] = {}
+    assert share_the_cores(environ, workers=2, cores=2) == {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert environ == {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert share_the_cores({}, workers=2, cores=16)["OMP_NUM_THREADS"] == "8"
+    assert share_the_cores({}, workers=4, cores=2)["OMP_NUM_THREADS"] == "1"  # never none
+    mine = {"OMP_NUM_THREADS": "3", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    assert share_the_cores(dict(mine), workers=2, cores=2) == mine  # the caller's own settings stay
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # set here, or by whoever started the run
+        assert {"OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"} <= set(os.environ)
 
 
 def test_workers_take_the_longest_unit_first_as_last_measured(tmp_path, monkeypatch):

@@ -70,6 +70,23 @@ def make_worker_cache(shared: Path, private: Path) -> None:
         _repoint_launchers(private_venvs / venv.name, shared_venvs, private_venvs)
 
 
+def share_the_cores(environ, workers: int, cores: int) -> dict[str, str]:
+    """The thread settings of one of ``workers`` parallel workers on ``cores`` cores, put in ``environ``
+    where it does not set them already (every server, driver and script a test starts inherits them).
+
+    Each process's OpenMP team defaults to every core, so two workers' torch work (a server's forward
+    passes, a reference model, an interpreted kernel) ran 2 x 2 threads on 2 cores, each waiting at its
+    barriers for a thread the other had descheduled: two kernel test files side by side took 65 s where
+    one thread each took 28 s (one alone: 23 s either way). And vLLM's CPU worker pins its threads to the
+    cores it picks (VLLM_CPU_OMP_THREADS_BIND=auto): the same core in every server, so two workers'
+    servers shared one core while the other idled. A test that sets either itself (the tensor-parallel
+    servers bind a core per rank) still does."""
+    chosen = {"OMP_NUM_THREADS": str(max(1, cores // max(1, workers))), "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    for name, value in chosen.items():
+        environ.setdefault(name, value)
+    return {name: environ[name] for name in chosen}
+
+
 def pytest_configure(config) -> None:
     from tests.harness.fixtures import toolkit_cache_dir
 
@@ -80,6 +97,7 @@ def pytest_configure(config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
         return
+    share_the_cores(os.environ, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1), len(os.sched_getaffinity(0)))
     private = shared / "workers" / worker
     make_worker_cache(shared, private)
     os.environ["TOOLKIT_CACHE_DIR"] = str(private)
