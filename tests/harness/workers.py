@@ -51,7 +51,9 @@ def _repoint_launchers(copy: Path, shared_venvs: Path, private_venvs: Path) -> N
         os.replace(tmp, path)
 
 
-def make_worker_cache(shared: Path, private: Path) -> None:
+def make_worker_cache(shared: Path, private: Path, engine_venvs: bool = True) -> None:
+    """The worker's cache at ``private``; without ``engine_venvs`` (``--quick``, whose tests start no engine)
+    the engine venvs are left out: copying their files is most of a worker's start (about 40 s here)."""
     shutil.rmtree(private, ignore_errors=True)
     (private / "venvs").mkdir(parents=True)
     for name in SHARED_DIRS:
@@ -65,6 +67,8 @@ def make_worker_cache(shared: Path, private: Path) -> None:
             continue
         if venv.name in SHARED_VENVS:
             (private_venvs / venv.name).symlink_to(venv)
+            continue
+        if not engine_venvs:
             continue
         subprocess.run(["cp", "-al", str(venv), str(private_venvs / venv.name)], check=True)
         _repoint_launchers(private_venvs / venv.name, shared_venvs, private_venvs)
@@ -99,7 +103,7 @@ def pytest_configure(config) -> None:
         return
     share_the_cores(os.environ, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1), len(os.sched_getaffinity(0)))
     private = shared / "workers" / worker
-    make_worker_cache(shared, private)
+    make_worker_cache(shared, private, engine_venvs=os.environ.get("TOOLKIT_QUICK") != "1")
     os.environ["TOOLKIT_CACHE_DIR"] = str(private)
 
 
@@ -154,7 +158,8 @@ def schedule_unit(nodeid: str) -> str:
 # a server while the other waits. xdist's own order (the most tests first) put the single-test units, a
 # verify run of ~2 minutes each, last.
 # A full run's record, committed for a new machine (units of a second or more, rounded): the clean-clone
-# CI run of 2085b23 on 2026-11-26 (docs/benchmarks.md). Refresh it by copying <cache>/test-unit-seconds.json.
+# CI run of 96656bf on 2026-11-27 (docs/benchmarks.md; test_data_parallel.py: its run alone x 1.4). Refresh it
+# by copying <cache>/test-unit-seconds.json.
 UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
 RECORDED_NAME = "test-unit-seconds.json"  # in the shared cache: tests/harness/phases.py adds each run's
 SECONDS_PER_UNKNOWN_TEST = 0.5  # a unit never measured: its tests at a quick test's time each

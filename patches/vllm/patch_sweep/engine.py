@@ -34,6 +34,7 @@ class Engine:
         self.num_layers = 0
         self.embedding_std = 0.0
         self.batched_unsupported: str | None = None  # why the worker cannot run sweeps batched (None: it can)
+        self.pinned_rank = pinned_data_parallel_rank(client)
         self._installed = False
         self._lock = asyncio.Lock()
 
@@ -90,7 +91,8 @@ class Engine:
                                 extra_args=extra, skip_reading_prefix_cache=sweep_salt is None, detokenize=False)
         prompt = {"prompt_token_ids": list(token_ids), "cache_salt": sweep_salt or request_id}
         final = None
-        async for output in self.client.generate(prompt, params, request_id):
+        pinned = {} if self.pinned_rank is None else {"data_parallel_rank": self.pinned_rank}
+        async for output in self.client.generate(prompt, params, request_id, **pinned):
             final = output
         cached = int(getattr(final, "num_cached_tokens", 0) or 0)
         if not scored:
@@ -119,6 +121,22 @@ class Engine:
         if "error" in info:
             raise BadRequest(info["error"])
         return info
+
+
+def pinned_data_parallel_rank(client: Any) -> int | None:
+    """The data-parallel rank every patch-sweep request goes to: 0 when the engine runs several
+    (``--data-parallel-size``), else None (vLLM's own choice).
+
+    A capture or stored run lives in the workers of the rank that ran it, and ``collective_rpc`` reaches
+    every rank but answers with the first one's reply (vLLM's DP client: ``call_utility_async``). Left to
+    the load balancer, a capture ran on rank 1 and its commit, answered by rank 0, found nothing (a 400),
+    and a sweep of a run stored on rank 0 could run on rank 1 (a 409). Pinned to index 0, the rank whose
+    reply the API server reads, every request and every reply are the same rank's; the other ranks get
+    the calls too and answer for state they do not hold, which is never read. Chat and completions
+    requests (steering included: it carries its vectors) stay balanced."""
+    parallel = getattr(getattr(client, "vllm_config", None), "parallel_config", None)
+    size = getattr(parallel, "data_parallel_size", 1)
+    return 0 if isinstance(size, int) and size > 1 else None
 
 
 def merge_install(ranks: list[dict[str, Any]]) -> tuple[int, float]:

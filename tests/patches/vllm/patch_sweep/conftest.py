@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -39,4 +41,26 @@ def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
     if not venv_python().exists():
         pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
     with start(tiny_model, version=request.param) as server, httpx.Client(base_url=server.base_url, timeout=300) as http:
+        yield SweepServer(server.base_url, tiny_model, http, hf_reference)
+
+
+@contextlib.contextmanager
+def two_rank_sweep_server(tiny_model: str, hf_reference, server_args: list[str], version: str,
+                          patches: tuple[str, ...] = ("patch-sweep",)) -> Iterator[SweepServer]:
+    """A sweep server of two ranks (``server_args``: tensor or data parallel) on CPU. vLLM's automatic thread
+    binding wants one NUMA node per rank, so each rank gets one CPU of its own (VLLM_CPU_OMP_THREADS_BIND)."""
+    import httpx
+
+    from scripts.support.sweep_server import sweep_server as start
+    from scripts.support.vllm_private import venv_python
+
+    if not venv_python().exists():
+        pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two ranks on CPU need two CPUs (one per rank)")
+    env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    with start(tiny_model, env=env, server_args=server_args, version=version, patches=patches) as server, \
+            httpx.Client(base_url=server.base_url, timeout=300) as http:
+        assert http.get("/v1/models").status_code == 200
         yield SweepServer(server.base_url, tiny_model, http, hf_reference)

@@ -12,12 +12,11 @@ step: their all-reduces line up), the concurrent-sweeps leak test, captured arra
 
 from __future__ import annotations
 
-import os
 from typing import Iterator
 
 import pytest
 
-from tests.patches.vllm.patch_sweep.conftest import SweepServer
+from tests.patches.vllm.patch_sweep.conftest import SweepServer, two_rank_sweep_server
 from tests.patches.vllm.patch_sweep.test_interp import (  # noqa: F401 (collected here, on the TP=2 server)
     test_activations_json_base64_every_hook_equal_hf,
     test_steered_completion_equals_hf_stream_equals_nonstream,
@@ -35,21 +34,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 @pytest.fixture(scope="module", params=["0.32.0", "0.33.0"])
 def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
-    import httpx
-
-    from scripts.support.sweep_server import sweep_server as start
-    from scripts.support.vllm_private import venv_python
-
-    if not venv_python().exists():
-        pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("tensor parallelism on CPU needs two CPUs (one per rank)")
-    env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
-    with start(tiny_model, env=env, server_args=["--tensor-parallel-size", "2"], version=request.param) as server, \
-            httpx.Client(base_url=server.base_url, timeout=300) as http:
-        assert http.get("/v1/models").status_code == 200
-        yield SweepServer(server.base_url, tiny_model, http, hf_reference)
+    with two_rank_sweep_server(tiny_model, hf_reference, ["--tensor-parallel-size", "2"], request.param) as server:
+        yield server
 
 
 def test_install_answers_of_two_ranks_merge_to_the_whole_matrixs_std():
