@@ -152,6 +152,20 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+ENGINE_PROCESS_NAMES = ("VLLM::EngineCor", "VLLM::Worker", "VLLM::DPCoordin")  # /proc/PID/comm, 15 characters
+
+
+def api_server_pids(server: EngineServer) -> list[int]:
+    """The processes the patch runs in: the server's own, and with ``--api-server-count`` its API-server
+    children; not the engine cores, their workers or the data-parallel coordinator."""
+    pids = []
+    for pid in server.process_tree():
+        with contextlib.suppress(OSError):
+            if not Path(f"/proc/{pid}/comm").read_text().strip().startswith(ENGINE_PROCESS_NAMES):
+                pids.append(pid)
+    return pids
+
+
 def busy_seconds() -> float:
     """CPU-seconds the whole machine has been busy (all processes), from /proc/stat."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -164,12 +178,12 @@ def run_load(server: EngineServer, model: str, rounds: int) -> dict:
     figures: dict[str, list[float]] = {"throughputs": [], "per_cpu_second": [], "api_cpu_ms": [], "foreign_cores": []}
     texts: list[str] = []
     for _ in range(rounds):
-        pids = server.process_tree()
-        cpu_before, api_before = cpu_seconds(pids), cpu_seconds([server.pid])
+        pids, api_pids = server.process_tree(), api_server_pids(server)
+        cpu_before, api_before = cpu_seconds(pids), cpu_seconds(api_pids)
         own_before, busy_before, start = time.process_time(), busy_seconds(), time.perf_counter()
         throughput, texts = asyncio.run(load_round(server.base_url, model))
         wall = time.perf_counter() - start
-        cpu, api = cpu_seconds(pids) - cpu_before, cpu_seconds([server.pid]) - api_before
+        cpu, api = cpu_seconds(pids) - cpu_before, cpu_seconds(api_pids) - api_before
         # other people's processes: what the machine was busy with beyond the server and this client
         foreign = (busy_seconds() - busy_before - cpu - (time.process_time() - own_before)) / wall
         figures["throughputs"].append(throughput)
@@ -263,7 +277,8 @@ def render_latency(base_url: str, model: str, content: str, pairs: int) -> dict:
 IN_PROCESS = r'''
 import json, sys, timeit, types
 import vllm.entrypoints.openai.chat_completion.protocol as original
-from toolkit.patches.vllm.tito.patch import PATCH, runtime
+from toolkit.patches.vllm.tito import runtime
+from toolkit.patches.vllm.tito.patch import PATCH
 from toolkit.transform import transform_or_raise
 
 edit = next(e for e in PATCH.files if e.relpath.endswith("chat_completion/protocol.py"))
@@ -449,8 +464,9 @@ def machine() -> str:
     return f"{os.cpu_count()}-core {platform.machine()} {avx512} ({model_name}), no GPU, Python {platform.python_version()}"
 
 
-def serve(python: str, model: str, env: dict, log: Path | None) -> EngineServer:
-    return EngineServer("vllm", python, model, SERVER_ARGS, env=env, timeout=600, log_path=log)
+def serve(python: str, model: str, env: dict, log: Path | None, api_servers: int = 1) -> EngineServer:
+    scale_out = ["--api-server-count", str(api_servers)] if api_servers > 1 else []
+    return EngineServer("vllm", python, model, SERVER_ARGS + scale_out, env=env, timeout=600, log_path=log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -464,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", type=Path, help="keep the server logs here")
     parser.add_argument("--splice", action="store_true", help="only the prefix-splice benchmark (part 3)")
     parser.add_argument("--splice-batches", type=int, default=12, help="alternating batches per kind")
+    parser.add_argument("--api-server-count", type=int, default=1, metavar="N",
+                        help="serve with vLLM's --api-server-count N (the API-server CPU is then all N processes')")
     args = parser.parse_args(argv)
 
     python = args.python or subprocess.run(
@@ -477,7 +495,8 @@ def main(argv: list[str] | None = None) -> int:
         return splice_main(python, model, args.splice_batches, log, args.json)
     was_applied = tito_applied(python)
     print(f"machine: {machine()}\nmodel: {model}\nengine python: {python}", flush=True)
-    report: dict = {"machine": machine(), "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS, "pairs": []}
+    report: dict = {"machine": machine(), "concurrency": CONCURRENCY, "max_tokens": MAX_TOKENS,
+                    "api_server_count": args.api_server_count, "pairs": []}
     try:
         set_tito(python, False)
         report["in_process"] = in_process(python, engine_version(python))
@@ -491,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                 log = args.log_dir / f"{label}-{pair}.log" if args.log_dir else None
                 print(f"[{pair}] {label} server ...", flush=True)
                 started = time.perf_counter()
-                with serve(python, model, env, log) as server:
+                with serve(python, model, env, log, args.api_server_count) as server:
                     print(f"  healthy in {time.perf_counter() - started:.0f}s", flush=True)
                     figures[label] = run_load(server, model, args.rounds)
                     if patched and "ttft" not in report:
