@@ -25,19 +25,16 @@ PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-phases.XXXXXX")
 FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
 # Codemod results shared by this run's processes (toolkit/transform_cache.py): a release's file rewritten
 # the same way by the matrix, the conformance suite, the SGLang group runs and each server's apply runs
-# libcst once. The whole run (CI): fresh each run, nothing a run computed is read by the next.
-# --quick, the loop after every change: kept between runs in <cache>/codemods-quick. An entry's key holds
+# libcst once. Kept between runs (the full run and --quick alike) in <cache>/codemods: an entry's key holds
 # every .py file of the toolkit package (patches included), libcst, Python, the source and the engine
-# version, so a change to any of them computes afresh; entries written over a day ago are dropped.
-if [ "$QUICK" = 1 ]; then
-    CODEMOD_CACHE="${TOOLKIT_CACHE_DIR:-$HOME/.cache/toolkit}/codemods-quick"
-    mkdir -p "$CODEMOD_CACHE"
-    find "$CODEMOD_CACHE" -type f -mtime +0 -delete 2>/dev/null || true
-    trap 'rm -rf "$PHASES" "$FAILED_PHASES"' EXIT
-else
-    CODEMOD_CACHE=$(mktemp -d "${TMPDIR:-/tmp}/toolkit-codemods.XXXXXX")
-    trap 'rm -rf "$PHASES" "$FAILED_PHASES" "$CODEMOD_CACHE"' EXIT
-fi
+# version, so a change to any of them computes afresh and a kept entry is exactly what libcst would
+# compute again; entries written over a day ago are dropped. From nothing (a new machine, CI's first run)
+# every codemod runs.
+CODEMOD_CACHE="${TOOLKIT_CACHE_DIR:-$HOME/.cache/toolkit}/codemods"
+mkdir -p "$CODEMOD_CACHE"
+find "$CODEMOD_CACHE" -type f -mtime +0 -delete 2>/dev/null || true
+rm -rf "${TOOLKIT_CACHE_DIR:-$HOME/.cache/toolkit}/codemods-quick"  # its earlier place
+trap 'rm -rf "$PHASES" "$FAILED_PHASES"' EXIT
 export TOOLKIT_PHASES_FILE=$PHASES TOOLKIT_CODEMOD_CACHE=$CODEMOD_CACHE
 
 phase() {  # phase NAME COMMAND...: run it and record its wall time; its exit status is the command's
