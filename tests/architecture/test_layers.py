@@ -12,14 +12,15 @@ from __future__ import annotations
 from tests.architecture.import_graph import cycles, edges, stray_top_level_imports
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
-    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output", "toolkit.scaffold")),
+    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output", "toolkit.cli_ray", "toolkit.scaffold")),
     ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.check", "toolkit.status", "toolkit.plan", "toolkit.journal",
                 "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study", "toolkit.testing",
-                "toolkit.matrix")),
+                "toolkit.matrix", "toolkit.ray", "toolkit.start_check")),
     ("patches", ("toolkit.patches",)),
     ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.transform_cache", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts", "toolkit.overlap",
-              "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels", "toolkit.releases")),
+              "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels", "toolkit.releases",
+              "toolkit.ray_node")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
 
