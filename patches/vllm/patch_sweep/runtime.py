@@ -3,7 +3,8 @@
 * ``attach_routes(app)`` (API server, from ``build_app``): the patch-sweep routes, only when patching
   is enabled (``TOOLKIT_ENABLE_PATCHING=1``); otherwise nothing is added and nothing runs.
 * ``force_eager(engine_args)`` (API server, before the engine config is built): forward hooks on the
-  decoder layers fire only in eager mode, so enabled patching turns ``enforce_eager`` on and logs it.
+  decoder layers fire only in eager mode, so enabled patching turns ``enforce_eager`` on and logs it;
+  it refuses pipeline parallelism at start-up (``PIPELINE_REFUSAL``), where no worker holds every layer.
 * ``worker_method(wrapper, name)`` (every worker, from ``WorkerWrapperBase.__getattr__``): the worker
   side of ``collective_rpc("toolkit_patch_sweep_<op>")``; other names fall through to vLLM.
 * ``private_block_keys(request, start, end)`` (engine core, from ``generate_block_hash_extra_keys``):
@@ -20,7 +21,7 @@ from typing import Any, Callable
 from toolkit.patches.vllm.patch_sweep.shared import (ENABLE_ENV, PLAN_KEY, SHARED_PREFIX, STEERING_ENV, WORKER_PREFIX,
                                                      enabled, log, steering_enabled)
 
-__all__ = ["ENABLE_ENV", "STEERING_ENV", "attach_routes", "enabled", "force_eager", "private_block_keys",
+__all__ = ["ENABLE_ENV", "PIPELINE_REFUSAL", "STEERING_ENV", "attach_routes", "enabled", "force_eager", "private_block_keys",
            "steering_enabled", "worker_method"]
 
 
@@ -41,8 +42,24 @@ def attach_routes(app: Any) -> None:
                    "on" if steering_enabled() else "off", STEERING_ENV)
 
 
+# A sweep, a capture and steering read and patch every decoder layer inside each worker's own forward
+# pass; a pipeline stage holds only its layers (the others are placeholders), so a run would see some
+# layers and not others. Refused at start, never a wrong grid. (On CPU the engine itself also fails its
+# first request with pipeline stages under --enforce-eager, which the hooks need: docs/scale.md.)
+PIPELINE_REFUSAL = (
+    "toolkit patch-sweep: {enable}=1 or {steer}=1 cannot run with --pipeline-parallel-size {stages}, because a "
+    "pipeline stage holds only its own decoder layers and sweeps, captures and steering need every layer in "
+    "each worker; use --tensor-parallel-size or --data-parallel-size, or start without those variables"
+)
+
+
 def force_eager(engine_args: Any) -> None:
-    if not (enabled() or steering_enabled()) or getattr(engine_args, "enforce_eager", True):
+    if not (enabled() or steering_enabled()):
+        return
+    stages = getattr(engine_args, "pipeline_parallel_size", 1)
+    if isinstance(stages, int) and stages > 1:
+        raise SystemExit(PIPELINE_REFUSAL.format(enable=ENABLE_ENV, steer=STEERING_ENV, stages=stages))
+    if getattr(engine_args, "enforce_eager", True):
         return
     engine_args.enforce_eager = True
     log().warning(

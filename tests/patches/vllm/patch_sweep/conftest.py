@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -17,6 +20,7 @@ class SweepServer:
     model: str
     http: object  # httpx.Client on base_url
     reference: object  # reference.Reference
+    engine_python: str = ""  # runs the server's interpreter over its private patched copy (toolkit status/verify)
 
     def post(self, path: str, body: dict):
         return self.http.post(path, json=body)
@@ -41,8 +45,12 @@ def serving_sweep(tiny_model: str, hf_reference, version: str, **start_options) 
     if not venv_python().exists():
         pytest.skip(f"no vLLM venv at {venv_python().parent.parent} (scripts/envs.py builds it)")
     with start(tiny_model, version=version, **start_options) as server, \
-            httpx.Client(base_url=server.base_url, timeout=300) as http:
-        yield SweepServer(server.base_url, tiny_model, http, hf_reference)
+            httpx.Client(base_url=server.base_url, timeout=300) as http, tempfile.TemporaryDirectory() as tmp:
+        wrapper = Path(tmp) / "python"  # as the overlay venvs' own bin/python (scripts/envs.py)
+        wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(server.extra_env["PYTHONPATH"])} '
+                           f'exec {shlex.quote(server.python)} "$@"\n')
+        wrapper.chmod(0o755)
+        yield SweepServer(server.base_url, tiny_model, http, hf_reference, str(wrapper))
 
 
 @pytest.fixture(scope="session", params=["0.32.0", "0.33.0"])
@@ -65,3 +73,30 @@ def two_rank_sweep_server(tiny_model: str, hf_reference, server_args: list[str],
     with serving_sweep(tiny_model, hf_reference, version, env=env, server_args=server_args, patches=patches) as server:
         assert server.http.get("/v1/models").status_code == 200
         yield server
+
+
+VERIFY_SERVER_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # what `toolkit verify` starts with
+
+
+def verify_url(server: SweepServer, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """`toolkit verify --url` on a running scale-out server (``--python``: its patched copy, whose patches
+    decide which checks apply): every check but ``skip``, on the tiny model
+    (stream = non-stream ids, the prompt template, input_ids, tools, concurrency, the multi-turn prefix
+    splice, the Responses-API grammar, a sweep). Asserts each passed; returns check -> detail."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.harness.fixtures import REPO_ROOT
+    from toolkit.cli import VERIFY_CHECKS
+
+    checks = [check for check in VERIFY_CHECKS if check not in skip]
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", server.model, "--url", server.base_url,
+                           "--python", server.engine_python, "--checks", ",".join(checks), "--json"], capture_output=True, text=True, timeout=900,
+                          cwd=REPO_ROOT)
+    report = json.loads(proc.stdout)
+    results = {r["name"]: (r["status"], r["detail"]) for r in report["results"]}
+    assert proc.returncode == 0 and report["verdict"] == "pass", (results, proc.stderr[-2000:])
+    assert sorted(results) == sorted(checks), sorted(results)
+    assert not {name: got for name, got in results.items() if got[0] != "pass"}
+    return {name: detail for name, (_, detail) in results.items()}

@@ -311,6 +311,28 @@ def test_force_eager_only_when_enabled(monkeypatch):
     assert args.enforce_eager is True
 
 
+@pytest.mark.parametrize("variable", ["TOOLKIT_ENABLE_PATCHING", "TOOLKIT_ENABLE_STEERING"])
+def test_pipeline_stages_are_refused_when_enabled_and_left_alone_when_not(monkeypatch, variable):
+    """A stage holds only its layers: enabled patching or steering refuses --pipeline-parallel-size 2 with
+    one sentence (SystemExit: the server stops at start, no traceback); off, the engine starts as released.
+    The real server's refusal: tests/patches/vllm/patch_sweep/test_pipeline_parallel.py."""
+    args = Args()
+    args.pipeline_parallel_size = 2
+    monkeypatch.delenv(runtime.ENABLE_ENV, raising=False)
+    monkeypatch.delenv(runtime.STEERING_ENV, raising=False)
+    runtime.force_eager(args)
+    assert args.enforce_eager is False
+    monkeypatch.setenv(variable, "1")
+    with pytest.raises(SystemExit) as refused:
+        runtime.force_eager(args)
+    assert str(refused.value).startswith("toolkit patch-sweep: TOOLKIT_ENABLE_PATCHING=1 or TOOLKIT_ENABLE_STEERING=1 "
+                                         "cannot run with --pipeline-parallel-size 2, because")
+    assert "\n" not in str(refused.value) and args.enforce_eager is False
+    args.pipeline_parallel_size = 1
+    runtime.force_eager(args)
+    assert args.enforce_eager is True
+
+
 def test_routes_attach_only_when_enabled(monkeypatch):
     class App:
         def include_router(self, router):  # the real FastAPI app is exercised by the server tests

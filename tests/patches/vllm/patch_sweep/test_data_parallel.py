@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from scripts.support.hf_reference import grid as reference_grid
-from tests.patches.vllm.patch_sweep.conftest import SweepServer, two_rank_sweep_server
+from tests.patches.vllm.patch_sweep.conftest import VERIFY_SERVER_ARGS, SweepServer, two_rank_sweep_server, verify_url
 from tests.patches.vllm.patch_sweep.test_interp import (  # noqa: F401 (collected here, on the DP=2 server)
     STEERING,
     reference_steer,
@@ -37,13 +37,22 @@ from tests.patches.vllm.patch_sweep.test_server import (  # noqa: F401
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 ROUNDS = 4
-SCALE_OUT_ARGS = ["--data-parallel-size", "2", "--api-server-count", "2"]
+SCALE_OUT_ARGS = ["--data-parallel-size", "2", "--api-server-count", "2", *VERIFY_SERVER_ARGS]
 
 
 @pytest.fixture(scope="module")
 def sweep_server(tiny_model, hf_reference) -> Iterator[SweepServer]:
-    with two_rank_sweep_server(tiny_model, hf_reference, SCALE_OUT_ARGS, "0.32.0", ("patch-sweep", "tito")) as server:
+    with two_rank_sweep_server(tiny_model, hf_reference, SCALE_OUT_ARGS, "0.32.0",
+                               ("patch-sweep", "tito", "responses-stream")) as server:
         yield server
+
+
+def test_verify_passes_every_check_on_two_ranks_behind_two_api_servers(sweep_server):
+    """`toolkit verify --url` with all three patches: every check passes whichever API server and rank take
+    its requests (the token-id contract, input_ids, tools, concurrency, the multi-turn prefix splice, the
+    Responses-API grammar, a sweep streamed and not restoring the clean answer)."""
+    details = verify_url(sweep_server)
+    assert "turn 3: prompt = " in details["multi-turn"] and "restores the clean answer" in details["patch-sweep"]
 
 
 def fresh(sweep_server: SweepServer, method: str, path: str, body: dict | None = None):

@@ -8,6 +8,7 @@ grids for every hook and metric and span cells, noise at a given and at the defa
 embeddings' std, whose rows the two ranks hold half each: the API server merges their moments),
 prefix reuse, the batched executor (every rank runs the same layers in
 step: their all-reduces line up), the concurrent-sweeps leak test, captured arrays of all five hooks, and steering.
+tito and responses-stream are applied beside it: `toolkit verify --url` runs every check on the same server.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.patches.vllm.patch_sweep.conftest import SweepServer, two_rank_sweep_server
+from tests.patches.vllm.patch_sweep.conftest import VERIFY_SERVER_ARGS, SweepServer, two_rank_sweep_server, verify_url
 from tests.patches.vllm.patch_sweep.test_interp import (  # noqa: F401 (collected here, on the TP=2 server)
     test_activations_json_base64_every_hook_equal_hf,
     test_steered_completion_equals_hf_stream_equals_nonstream,
@@ -34,8 +35,18 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 @pytest.fixture(scope="module", params=["0.32.0", "0.33.0"])
 def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
-    with two_rank_sweep_server(tiny_model, hf_reference, ["--tensor-parallel-size", "2"], request.param) as server:
+    with two_rank_sweep_server(tiny_model, hf_reference, ["--tensor-parallel-size", "2", *VERIFY_SERVER_ARGS],
+                               request.param, ("patch-sweep", "tito", "responses-stream")) as server:
         yield server
+
+
+def test_verify_passes_every_check_on_two_tensor_parallel_ranks(sweep_server):
+    """tito and responses-stream edit only API-server files, patch-sweep the workers too: with all three
+    applied, `toolkit verify --url` passes every check on the TP=2 server (token ids stream = non-stream and
+    the prompt template's, input_ids, tools, concurrency, the multi-turn prefix splice, the Responses-API
+    grammar, a sweep streamed and not restoring the clean answer)."""
+    details = verify_url(sweep_server)
+    assert "turn 3: prompt = " in details["multi-turn"] and "restores the clean answer" in details["patch-sweep"]
 
 
 def test_install_answers_of_two_ranks_merge_to_the_whole_matrixs_std():

