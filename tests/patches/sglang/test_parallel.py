@@ -1,0 +1,86 @@
+"""SGLang's patches under ``--tp 2`` and ``--dp 2`` (issue 31), SGLang 0.5.23 on CPU.
+
+SGLang's CPU path runs two ranks on a one-NUMA-node machine when each rank gets CPUs of its own
+(``SGLANG_CPU_OMP_THREADS_BIND="0|1"``; without it the scheduler stops at start: "the total number of
+ranks ... should be smaller than or equal to number of numa node"). token-ids and tito edit only the
+HTTP and OpenAI-serving files, which run in the one HTTP-server process whatever the ranks, so their
+answers must be the single-process server's: `toolkit verify --url` passes every SGLang check (token ids
+stream = non-stream and the template's prompt ids, tools, concurrency, input_ids, the multi-turn prefix
+splice three turns with a tool call), and greedy ids equal the Hugging Face reference on the same weights.
+A private copy of the venv's sglang is patched (private_sglang.py): the shared venv is never written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Iterator
+
+import pytest
+
+from tests.harness.fixtures import REPO_ROOT, ensure_engine_python, sglang_env
+from tests.patches.sglang.token_ids.private_sglang import private_install
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+VERSION = "0.5.23"
+PATCHES = ["token-ids", "tito"]
+SGLANG_CHECKS = ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "input-ids",
+                 "concurrency", "multi-turn")  # responses-stream and patch-sweep are vLLM's
+
+
+@pytest.fixture(scope="module", params=["--tp", "--dp"])
+def parallel_server(request, tiny_model, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    """(base URL, the private copy's python) of an SGLang server with two ranks, both patches applied."""
+    from toolkit import apply_patch
+    from toolkit.verify.server import EngineServer
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two ranks on CPU need two CPUs (one per rank)")
+    python = private_install(ensure_engine_python(f"sglang-{VERSION}"), tmp_path_factory.mktemp("sglang-parallel"))
+    assert apply_patch(engine="sglang", patches=PATCHES, python=python)
+    env = {**sglang_env(), "SGLANG_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    with EngineServer("sglang", python, tiny_model, [request.param, "2", "--tool-call-parser", "hermes"], env=env,
+                      timeout=600) as server:
+        yield server.base_url, python
+
+
+def test_verify_passes_every_sglang_check_on_two_ranks(parallel_server, tiny_model):
+    base_url, python = parallel_server
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--url", base_url,
+                           "--engine", "sglang", "--python", python, "--checks", ",".join(SGLANG_CHECKS), "--json"],
+                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+    report = json.loads(proc.stdout)
+    results = {r["name"]: (r["status"], r["detail"]) for r in report["results"]}
+    assert sorted(results) == sorted(SGLANG_CHECKS), sorted(results)
+    assert not {name: got for name, got in results.items() if got[0] != "pass"}
+    assert proc.returncode == 0 and report["verdict"] == "pass", proc.stderr[-2000:]
+    multi_turn = results["multi-turn"][1]
+    assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = ") and "turn 3: prompt = " in multi_turn
+
+
+def test_greedy_ids_equal_the_reference_on_two_ranks(parallel_server, tiny_model):
+    """Chat with token ids, then the same prompt as tito's input_ids: the template's prompt ids and the
+    reference's greedy ids, whichever rank ran them."""
+    import httpx
+
+    from scripts.support.hf_reference import Reference, steered_greedy
+
+    base_url, _ = parallel_server
+    ref = Reference(tiny_model)
+    chat = {"model": tiny_model, "messages": [{"role": "user", "content": "The cat sat on the mat."}],
+            "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+    for _ in range(2):  # with --dp 2 the two requests may go to different ranks
+        answer = httpx.post(f"{base_url}/v1/chat/completions", json=chat, timeout=120)
+        assert answer.status_code == 200, answer.text
+        prompt_ids, completion_ids = answer.json()["prompt_token_ids"], answer.json()["choices"][0]["token_ids"]
+        templated = ref.tokenizer.apply_chat_template(chat["messages"], add_generation_prompt=True, tokenize=True)
+        assert prompt_ids == list(templated["input_ids"] if isinstance(templated, dict) else templated)
+        assert completion_ids == steered_greedy(ref, prompt_ids, 8, [])
+        pretokenized = httpx.post(f"{base_url}/v1/chat/completions",
+                                  json={**chat, "messages": [], "input_ids": prompt_ids}, timeout=120)
+        assert pretokenized.status_code == 200, pretokenized.text
+        assert pretokenized.json()["choices"][0]["token_ids"] == completion_ids
