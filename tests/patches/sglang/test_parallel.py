@@ -8,6 +8,14 @@ answers must be the single-process server's: `toolkit verify --url` passes every
 stream = non-stream and the template's prompt ids, tools, concurrency, input_ids, the multi-turn prefix
 splice three turns with a tool call), and greedy ids equal the Hugging Face reference on the same weights.
 A private copy of the venv's sglang is patched (private_sglang.py): the shared venv is never written.
+
+The same servers run the superlinear attention backend (this project's ``sglang.srt.plugins`` entry
+point, ``--attention-backend superlinear``) in its covering configuration (COVERING_ENV: every query
+below 168 tokens attends its whole prefix), so each rank's scheduler loads the plugin and attends over
+its own heads (TP) or whole requests (DP): the covering prompts' greedy tokens must be the reference's,
+logprobs to float rounding, alone and at once. token-ids and tito do not depend on the attention backend
+(they run in the HTTP server); verify's longer conversations go past the covering regime, where only its
+own consistency checks apply, and the greedy check's prompt is well inside it.
 """
 
 from __future__ import annotations
@@ -20,7 +28,9 @@ from typing import Iterator
 
 import pytest
 
+from scripts.support.superlinear_requests import COVERING_ENV, generate_all_sglang
 from tests.harness.fixtures import REPO_ROOT, ensure_engine_python, sglang_env
+from tests.patches.vllm.superlinear.serving import GEN, ROUNDING, covering_prompts, max_gap
 from tests.patches.sglang.token_ids.private_sglang import private_install
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
@@ -32,8 +42,9 @@ SGLANG_CHECKS = ("nonstream-decode", "stream-decode", "stream-parity", "tools", 
 
 
 @pytest.fixture(scope="module", params=["--tp", "--dp"])
-def parallel_server(request, tiny_model, tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """(base URL, the private copy's python) of an SGLang server with two ranks, both patches applied."""
+def parallel_server(request, tiny_model, tmp_path_factory) -> Iterator[tuple[str, str, object]]:
+    """(base URL, the private copy's python, the EngineServer) of an SGLang server with two ranks, both
+    patches applied."""
     from toolkit import apply_patch
     from toolkit.verify.server import EngineServer
 
@@ -43,13 +54,15 @@ def parallel_server(request, tiny_model, tmp_path_factory) -> Iterator[tuple[str
     python = private_install(ensure_engine_python(f"sglang-{VERSION}"), tmp_path_factory.mktemp("sglang-parallel"))
     assert apply_patch(engine="sglang", patches=PATCHES, python=python)
     env = {**sglang_env(), "SGLANG_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
-    with EngineServer("sglang", python, tiny_model, [request.param, "2", "--tool-call-parser", "hermes"], env=env,
-                      timeout=600) as server:
-        yield server.base_url, python
+    env.update(COVERING_ENV)
+    args = [request.param, "2", "--tool-call-parser", "hermes", "--attention-backend", "superlinear",
+            "--context-length", "4096", "--chunked-prefill-size", "512"]
+    with EngineServer("sglang", python, tiny_model, args, env=env, timeout=600) as server:
+        yield server.base_url, python, server
 
 
 def test_verify_passes_every_sglang_check_on_two_ranks(parallel_server, tiny_model):
-    base_url, python = parallel_server
+    base_url, python, _ = parallel_server
     proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--url", base_url,
                            "--engine", "sglang", "--python", python, "--checks", ",".join(SGLANG_CHECKS), "--json"],
                           capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
@@ -69,7 +82,7 @@ def test_greedy_ids_equal_the_reference_on_two_ranks(parallel_server, tiny_model
 
     from scripts.support.hf_reference import Reference, steered_greedy
 
-    base_url, _ = parallel_server
+    base_url, _, _ = parallel_server
     ref = Reference(tiny_model)
     chat = {"model": tiny_model, "messages": [{"role": "user", "content": "The cat sat on the mat."}],
             "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
@@ -84,3 +97,21 @@ def test_greedy_ids_equal_the_reference_on_two_ranks(parallel_server, tiny_model
                                   json={**chat, "messages": [], "input_ids": prompt_ids}, timeout=120)
         assert pretokenized.status_code == 200, pretokenized.text
         assert pretokenized.json()["choices"][0]["token_ids"] == completion_ids
+
+
+def test_superlinear_covering_regime_equals_the_reference_on_two_ranks(parallel_server, tiny_model):
+    from scripts.support.hf_reference import Reference, steered_greedy, steered_logprobs
+
+    base_url, _, server = parallel_server
+    ref = Reference(tiny_model)
+    prompts = covering_prompts()
+    want = []
+    for ids in prompts:
+        greedy = steered_greedy(ref, ids, GEN, [])
+        want.append((greedy, steered_logprobs(ref, ids, greedy, [])))
+    for got in (generate_all_sglang(base_url, prompts, GEN), generate_all_sglang(base_url, prompts, GEN, concurrent=True)):
+        for (greedy, logprobs), completion in zip(want, got, strict=True):
+            assert completion.token_ids == greedy
+            assert max_gap(completion.logprobs, logprobs) <= ROUNDING
+    log = server.log_tail(100000)  # each rank's scheduler built the backend (not a dense fallback)
+    assert "superlinear attention on (sw_index=7" in log, log[-3000:]
