@@ -63,7 +63,7 @@ class Cluster:
         """`toolkit ARGS` as the head node's user runs it: its venv's interpreter, outside any checkout (a
         wide terminal: a table's cells stay on one line)."""
         return subprocess.run([self.head.python, "-m", "toolkit", *args], cwd=self.temp_dir,
-                              env={**_node_env(), "COLUMNS": "250"},
+                              env={**_node_env(self.temp_dir), "COLUMNS": "250"},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
 
     def python_api(self, call: str) -> dict:
@@ -78,16 +78,23 @@ class Cluster:
             "    print(json.dumps({'error': str(exc), 'type': type(exc).__name__, 'report': exc.report.to_json(),\n"
             "                      'failed': [row.node_id for row in exc.failed]}))\n"
         )
-        done = subprocess.run([self.head.python, "-c", script], cwd=self.temp_dir, env=_node_env(),
+        done = subprocess.run([self.head.python, "-c", script], cwd=self.temp_dir, env=_node_env(self.temp_dir),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout)
 
 
-def _node_env() -> dict[str, str]:
+def _node_env(home: Path) -> dict[str, str]:
+    """The environment of the test's Ray processes (nodes, driver, toolkit runs), ``home``: the cluster's
+    temporary folder."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "RAY_ADDRESS", EXPECT_PATCHES)}
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # The machine's own Ray state stays out: a ~/.ray/auth_token that an earlier Ray run (vLLM's ray.init,
+    # for one) left there turned token authentication on for the head, and the other node, sending none,
+    # could not join ("InvalidAuthToken"). The test's nodes and driver run without authentication.
+    env["HOME"] = str(home)
+    env["RAY_AUTH_MODE"] = "disabled"
     return env
 
 
@@ -105,7 +112,7 @@ def _start_node(python: str, args: list[str], log: Path, cwd: Path) -> Node:
         process = subprocess.Popen([ray, "start", "--block", "--num-cpus", "1", "--object-store-memory", "80000000",
                                     "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args],
                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                   env=_node_env(), start_new_session=True)
+                                   env=_node_env(cwd), start_new_session=True)
     node = Node(python, process, log)
     deadline = time.monotonic() + START_LIMIT
     while "Ray runtime started" not in log.read_text(errors="replace"):
@@ -289,7 +296,7 @@ def test_the_engine_start_check_refuses_an_unpatched_node_and_passes_a_patched_o
              "plugin.load()()\n")
 
     def engine_start(**env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([python, "-c", start], env={**_node_env(), **env}, cwd=cluster.temp_dir,
+        return subprocess.run([python, "-c", start], env={**_node_env(cluster.temp_dir), **env}, cwd=cluster.temp_dir,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
 
     assert engine_start().returncode == 0  # no expectation: nothing checked
