@@ -100,3 +100,23 @@ def verify_url(server: SweepServer, skip: tuple[str, ...] = ()) -> dict[str, str
     assert sorted(results) == sorted(checks), sorted(results)
     assert not {name: got for name, got in results.items() if got[0] != "pass"}
     return {name: detail for name, (_, detail) in results.items()}
+
+
+def assert_chat_ids_equal_the_reference(server: SweepServer, steps: int = 8) -> None:
+    """A chat with tito's token ids, then the same prompt as ``input_ids``: the prompt ids are the chat
+    template's, and both answers are the Hugging Face reference's greedy ids (which the single-process
+    server equals)."""
+    from scripts.support.hf_reference import steered_greedy
+
+    ref = server.reference
+    chat = {"model": server.model, "messages": [{"role": "user", "content": "The cat sat on the mat."}],
+            "max_tokens": steps, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
+    answer = server.post("/v1/chat/completions", chat)
+    assert answer.status_code == 200, answer.text
+    prompt_ids, completion_ids = answer.json()["prompt_token_ids"], answer.json()["choices"][0]["token_ids"]
+    templated = ref.tokenizer.apply_chat_template(chat["messages"], add_generation_prompt=True, tokenize=True)
+    assert prompt_ids == list(templated["input_ids"] if isinstance(templated, dict) else templated)
+    assert completion_ids == steered_greedy(ref, prompt_ids, steps, [])
+    pretokenized = server.post("/v1/chat/completions", {**chat, "messages": [], "input_ids": prompt_ids})
+    assert pretokenized.status_code == 200, pretokenized.text
+    assert pretokenized.json()["choices"][0]["token_ids"] == completion_ids

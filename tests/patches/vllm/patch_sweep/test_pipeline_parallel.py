@@ -22,7 +22,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.patches.vllm.patch_sweep.conftest import VERIFY_SERVER_ARGS, SweepServer, serving_sweep, verify_url
+from tests.patches.vllm.patch_sweep.conftest import (VERIFY_SERVER_ARGS, SweepServer, assert_chat_ids_equal_the_reference,
+                                                     serving_sweep, verify_url)
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
@@ -53,22 +54,9 @@ def test_verify_passes_every_check_but_the_sweeps_on_two_pipeline_stages(pipelin
 
 
 def test_greedy_ids_equal_the_reference_through_both_stages(pipeline_server):
-    """Chat with token ids and the same prompt as tito's input_ids: the prompt is the template's ids, the
-    answer the reference's greedy ids (the model's two layers run one on each stage)."""
-    from scripts.support.hf_reference import steered_greedy
-
-    ref = pipeline_server.reference
-    chat = {"model": pipeline_server.model, "messages": [{"role": "user", "content": "The cat sat on the mat."}],
-            "max_tokens": 8, "temperature": 0, "return_token_ids": True, "ignore_eos": True}
-    answer = pipeline_server.post("/v1/chat/completions", chat)
-    assert answer.status_code == 200, answer.text
-    prompt_ids, completion_ids = answer.json()["prompt_token_ids"], answer.json()["choices"][0]["token_ids"]
-    templated = ref.tokenizer.apply_chat_template(chat["messages"], add_generation_prompt=True, tokenize=True)
-    assert prompt_ids == list(templated["input_ids"] if isinstance(templated, dict) else templated)
-    assert completion_ids == steered_greedy(ref, prompt_ids, 8, [])
-    pretokenized = pipeline_server.post("/v1/chat/completions", {**chat, "messages": [], "input_ids": prompt_ids})
-    assert pretokenized.status_code == 200, pretokenized.text
-    assert pretokenized.json()["choices"][0]["token_ids"] == completion_ids
+    """The model's two layers run one on each stage: the template's prompt ids, the reference's greedy ids,
+    with messages and as tito's input_ids."""
+    assert_chat_ids_equal_the_reference(pipeline_server)
 
 
 @pytest.mark.parametrize("variable", ["TOOLKIT_ENABLE_PATCHING", "TOOLKIT_ENABLE_STEERING"])

@@ -17,7 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from tests.patches.vllm.patch_sweep.conftest import VERIFY_SERVER_ARGS, SweepServer, two_rank_sweep_server, verify_url
+from tests.patches.vllm.patch_sweep.conftest import (VERIFY_SERVER_ARGS, SweepServer, assert_chat_ids_equal_the_reference,
+                                                     two_rank_sweep_server, verify_url)
 from tests.patches.vllm.patch_sweep.test_interp import (  # noqa: F401 (collected here, on the TP=2 server)
     test_activations_json_base64_every_hook_equal_hf,
     test_steered_completion_equals_hf_stream_equals_nonstream,
@@ -47,6 +48,12 @@ def test_verify_passes_every_check_on_two_tensor_parallel_ranks(sweep_server):
     grammar, a sweep streamed and not restoring the clean answer)."""
     details = verify_url(sweep_server)
     assert "turn 3: prompt = " in details["multi-turn"] and "restores the clean answer" in details["patch-sweep"]
+
+
+def test_chat_ids_equal_the_reference_on_two_tensor_parallel_ranks(sweep_server):
+    """tito's ids on the TP=2 server: the template's prompt ids and the reference's greedy ids, with
+    messages and as input_ids (the single-process server gives the same)."""
+    assert_chat_ids_equal_the_reference(sweep_server)
 
 
 def test_install_answers_of_two_ranks_merge_to_the_whole_matrixs_std():
