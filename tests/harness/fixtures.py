@@ -32,6 +32,33 @@ SHIM_DIR = REPO_ROOT / "tests" / "shims"
 VLLM_NO_WORKER_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
+def one_cpu_per_rank(ranks: int = 2) -> str:
+    """The engines' CPU binding for ``ranks`` ranks on this machine, one CPU each ("0|1": vLLM's
+    VLLM_CPU_OMP_THREADS_BIND, SGLang's SGLANG_CPU_OMP_THREADS_BIND). Both bind a NUMA node per rank by
+    default and refuse more ranks than nodes; skips the test on a machine with fewer CPUs than ranks."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < ranks:
+        pytest.skip(f"{ranks} ranks on CPU need {ranks} CPUs (one per rank)")
+    return "|".join(str(cpu) for cpu in cpus[:ranks])
+
+
+def verify_url(model: str, base_url: str, python: str, checks: list[str] | tuple[str, ...],
+               engine: str = "vllm") -> dict[str, str]:
+    """`toolkit verify --url` on a running server (``python``: its install, whose patches decide which
+    checks apply): asserts every check of ``checks`` ran and passed; returns check -> detail."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", model, "--url", base_url,
+                           "--engine", engine, "--python", python, "--checks", ",".join(checks), "--json"],
+                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+    report = json.loads(proc.stdout)
+    results = {r["name"]: (r["status"], r["detail"]) for r in report["results"]}
+    assert sorted(results) == sorted(checks), sorted(results)
+    assert not {name: got for name, got in results.items() if got[0] != "pass"}
+    assert proc.returncode == 0 and report["verdict"] == "pass", (results, proc.stderr[-2000:])
+    return {name: detail for name, (_, detail) in results.items()}
+
+
 def toolkit_cache_dir() -> Path:
     return Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
 

@@ -20,16 +20,12 @@ own consistency checks apply, and the greedy check's prompt is well inside it.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Iterator
 
 import pytest
 
 from scripts.support.superlinear_requests import COVERING_ENV, generate_all_sglang
-from tests.harness.fixtures import REPO_ROOT, ensure_engine_python, sglang_env
+from tests.harness.fixtures import ensure_engine_python, one_cpu_per_rank, sglang_env, verify_url
 from tests.patches.vllm.superlinear.serving import GEN, ROUNDING, covering_prompts, max_gap
 from tests.patches.sglang.token_ids.private_sglang import private_install
 
@@ -48,12 +44,10 @@ def parallel_server(request, tiny_model, tmp_path_factory) -> Iterator[tuple[str
     from toolkit import apply_patch
     from toolkit.verify.server import EngineServer
 
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("two ranks on CPU need two CPUs (one per rank)")
+    bind = one_cpu_per_rank()
     python = private_install(ensure_engine_python(f"sglang-{VERSION}"), tmp_path_factory.mktemp("sglang-parallel"))
     assert apply_patch(engine="sglang", patches=PATCHES, python=python)
-    env = {**sglang_env(), "SGLANG_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    env = {**sglang_env(), "SGLANG_CPU_OMP_THREADS_BIND": bind}
     env.update(COVERING_ENV)
     args = [request.param, "2", "--tool-call-parser", "hermes", "--attention-backend", "superlinear",
             "--context-length", "4096", "--chunked-prefill-size", "512"]
@@ -63,15 +57,7 @@ def parallel_server(request, tiny_model, tmp_path_factory) -> Iterator[tuple[str
 
 def test_verify_passes_every_sglang_check_on_two_ranks(parallel_server, tiny_model):
     base_url, python, _ = parallel_server
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--url", base_url,
-                           "--engine", "sglang", "--python", python, "--checks", ",".join(SGLANG_CHECKS), "--json"],
-                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
-    report = json.loads(proc.stdout)
-    results = {r["name"]: (r["status"], r["detail"]) for r in report["results"]}
-    assert sorted(results) == sorted(SGLANG_CHECKS), sorted(results)
-    assert not {name: got for name, got in results.items() if got[0] != "pass"}
-    assert proc.returncode == 0 and report["verdict"] == "pass", proc.stderr[-2000:]
-    multi_turn = results["multi-turn"][1]
+    multi_turn = verify_url(tiny_model, base_url, python, SGLANG_CHECKS, engine="sglang")["multi-turn"]
     assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = ") and "turn 3: prompt = " in multi_turn
 
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import tempfile
 from dataclasses import dataclass
@@ -12,6 +11,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from tests.harness.fixtures import one_cpu_per_rank
+from tests.harness.fixtures import verify_url as run_verify_url
 
 
 @dataclass
@@ -66,10 +68,7 @@ def two_rank_sweep_server(tiny_model: str, hf_reference, server_args: list[str],
                           patches: tuple[str, ...] = ("patch-sweep",)) -> Iterator[SweepServer]:
     """A sweep server of two ranks (``server_args``: tensor or data parallel) on CPU. vLLM's automatic thread
     binding wants one NUMA node per rank, so each rank gets one CPU of its own (VLLM_CPU_OMP_THREADS_BIND)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("two ranks on CPU need two CPUs (one per rank)")
-    env = {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    env = {"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank()}
     with serving_sweep(tiny_model, hf_reference, version, env=env, server_args=server_args, patches=patches) as server:
         assert server.http.get("/v1/models").status_code == 200
         yield server
@@ -83,23 +82,10 @@ def verify_url(server: SweepServer, skip: tuple[str, ...] = ()) -> dict[str, str
     decide which checks apply): every check but ``skip``, on the tiny model
     (stream = non-stream ids, the prompt template, input_ids, tools, concurrency, the multi-turn prefix
     splice, the Responses-API grammar, a sweep). Asserts each passed; returns check -> detail."""
-    import json
-    import subprocess
-    import sys
-
-    from tests.harness.fixtures import REPO_ROOT
     from toolkit.cli import VERIFY_CHECKS
 
-    checks = [check for check in VERIFY_CHECKS if check not in skip]
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", server.model, "--url", server.base_url,
-                           "--python", server.engine_python, "--checks", ",".join(checks), "--json"], capture_output=True, text=True, timeout=900,
-                          cwd=REPO_ROOT)
-    report = json.loads(proc.stdout)
-    results = {r["name"]: (r["status"], r["detail"]) for r in report["results"]}
-    assert proc.returncode == 0 and report["verdict"] == "pass", (results, proc.stderr[-2000:])
-    assert sorted(results) == sorted(checks), sorted(results)
-    assert not {name: got for name, got in results.items() if got[0] != "pass"}
-    return {name: detail for name, (_, detail) in results.items()}
+    return run_verify_url(server.model, server.base_url, server.engine_python,
+                          [check for check in VERIFY_CHECKS if check not in skip])
 
 
 def assert_chat_ids_equal_the_reference(server: SweepServer, steps: int = 8) -> None:

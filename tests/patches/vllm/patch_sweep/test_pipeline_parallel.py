@@ -17,11 +17,11 @@ server here runs torch.compile with its eager backend (``--compilation-config '{
 
 from __future__ import annotations
 
-import os
 from typing import Iterator
 
 import pytest
 
+from tests.harness.fixtures import one_cpu_per_rank
 from tests.patches.vllm.patch_sweep.conftest import (VERIFY_SERVER_ARGS, SweepServer, assert_chat_ids_equal_the_reference,
                                                      serving_sweep, verify_url)
 
@@ -33,16 +33,9 @@ PIPELINE_ARGS = ["--pipeline-parallel-size", "2", "--no-enforce-eager",
 PATCHING_OFF = {"TOOLKIT_ENABLE_PATCHING": "0", "TOOLKIT_ENABLE_STEERING": "0"}
 
 
-def one_cpu_per_stage() -> dict[str, str]:
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("two pipeline stages on CPU need two CPUs (one per stage)")
-    return {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
-
-
 @pytest.fixture(scope="module")
 def pipeline_server(tiny_model, hf_reference) -> Iterator[SweepServer]:
-    with serving_sweep(tiny_model, hf_reference, "0.32.0", env={**one_cpu_per_stage(), **PATCHING_OFF},
+    with serving_sweep(tiny_model, hf_reference, "0.32.0", env={**{"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank()}, **PATCHING_OFF},
                        server_args=PIPELINE_ARGS + VERIFY_SERVER_ARGS, patches=PATCHES) as server:
         yield server
 
@@ -63,7 +56,7 @@ def test_greedy_ids_equal_the_reference_through_both_stages(pipeline_server):
 def test_enabled_patching_refuses_pipeline_stages_at_start_in_one_sentence(tiny_model, hf_reference, variable):
     from toolkit.verify.server import ServerStartError
 
-    env = {**one_cpu_per_stage(), **PATCHING_OFF, variable: "1"}
+    env = {**{"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank()}, **PATCHING_OFF, variable: "1"}
     with pytest.raises(ServerStartError) as refused:
         with serving_sweep(tiny_model, hf_reference, "0.32.0", env=env, server_args=PIPELINE_ARGS,
                            patches=("patch-sweep",)):

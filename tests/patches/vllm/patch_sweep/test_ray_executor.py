@@ -20,23 +20,16 @@ then get their Ray tests (the patch-sweep grid, activations and steering importe
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
+from tests.harness.fixtures import one_cpu_per_rank
 from tests.patches.vllm.patch_sweep.conftest import VERIFY_SERVER_ARGS, serving_sweep
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 PATCHES = ("patch-sweep", "tito", "responses-stream")
 RAY_REFUSAL = "ValueError: current platform cpu does not support ray."
-
-
-def one_cpu_per_rank(ranks: int) -> dict[str, str]:
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < ranks:
-        pytest.skip(f"{ranks} ranks on CPU need {ranks} CPUs (one per rank)")
-    return {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(cpu) for cpu in cpus[:ranks])} if ranks > 1 else {}
 
 
 @pytest.mark.parametrize(("patches", "ranks", "executor"), [
@@ -47,7 +40,7 @@ def test_vllm_cpu_refuses_the_ray_executor_at_start_patched_or_not(tiny_model, t
     from scripts.support.venvs import VLLM_RAY_ENV, ensure_engine_python
     from toolkit.verify.server import ServerStartError
 
-    env = {**one_cpu_per_rank(ranks), "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1" if executor == "ray_executor_v2.py" else "0"}
+    env = {**({"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank(ranks)} if ranks > 1 else {}), "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1" if executor == "ray_executor_v2.py" else "0"}
     log = tmp_path / "server.log"
     with pytest.raises(ServerStartError):
         with serving_sweep(tiny_model, None, "0.32.0", env=env, patches=patches, log_path=log,

