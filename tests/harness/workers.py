@@ -113,6 +113,8 @@ SPLIT_BY_RELEASE = (
     "tests/patches/sglang/superlinear/test_releases.py",
     # a real server per release: twelve of them, about 20 minutes in one unit
     "tests/verify/test_verify.py",
+    # a real server per release RL stacks pin: eight, about 13 minutes in one unit
+    "tests/verify/test_rl_releases.py",
     # the GPU script's dry run on each engine, 3-4 minutes each
     "tests/patches/vllm/superlinear/test_bench_gpu.py",
     # tensor-parallel sweep servers of each vLLM line, about 3.5 minutes each

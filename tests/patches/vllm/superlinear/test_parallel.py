@@ -16,7 +16,7 @@ import pytest
 
 from scripts.support.superlinear_requests import COVERING_ENV, complete_all
 from tests.harness.fixtures import one_cpu_per_rank
-from tests.patches.vllm.superlinear.serving import GEN, ROUNDING, covering_prompts, max_gap
+from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
@@ -31,15 +31,7 @@ SERVER_ARGS = ["--max-model-len", "512", "--max-num-batched-tokens", "256", "--m
 
 @pytest.fixture(scope="module")
 def reference(tiny_model) -> list:
-    """(prompt ids, greedy ids, their logprobs) of the covering prompts, from the Hugging Face model."""
-    from scripts.support.hf_reference import Reference, steered_greedy, steered_logprobs
-
-    ref = Reference(tiny_model)
-    out = []
-    for ids in covering_prompts():
-        greedy = steered_greedy(ref, ids, GEN, [])
-        out.append((ids, greedy, steered_logprobs(ref, ids, greedy, [])))
-    return out
+    return covering_reference(tiny_model)
 
 
 @pytest.mark.parametrize("scale_out", list(SCALE_OUT))
@@ -54,7 +46,4 @@ def test_covering_regime_equals_the_reference_on_two_ranks(scale_out, vllm_pytho
         together = complete_all(server.base_url, tiny_model, prompts, GEN, concurrent=True)
         log = server.log_tail(4000)
     assert "superlinear attention on (sw_index=7" in log, log[-3000:]
-    for got in (alone, together):
-        for (_, greedy, logprobs), completion in zip(reference, got, strict=True):
-            assert completion.token_ids == greedy
-            assert max_gap(completion.logprobs, logprobs) <= ROUNDING
+    assert_covering_equals_the_reference(reference, alone, together)

