@@ -20,7 +20,12 @@ from toolkit.patch_registry import Catalog, markers_in
 
 
 def engine_file(engine: InstalledEngine, relpath: str) -> Path:
-    return Path(engine.package_dir) / relpath
+    return _engine_file(str(engine.package_dir), relpath)
+
+
+@functools.lru_cache(maxsize=4096)  # asked for each file many times a command; a Path never changes
+def _engine_file(package_dir: str, relpath: str) -> Path:
+    return Path(package_dir) / relpath
 
 
 def check_versions(engine: InstalledEngine, patches: Iterable[Patch], allow_unknown_version: bool) -> None:

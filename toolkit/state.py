@@ -183,9 +183,17 @@ class StateDir:
 
     def refuse_links(self, path: Path) -> None:
         """Refuse a symbolic link anywhere from ``.toolkit-state`` down to ``path``."""
-        current = self.site_dir
-        for part in path.relative_to(self.site_dir).parts:
-            current = current / part
+        # On strings, not pathlib: called for every file an apply or revert touches (a tenth of a
+        # command's time on a real tree went into building Path objects here).
+        site = os.fspath(self.site_dir)
+        target = os.fspath(path)
+        if target != site and not target.startswith(site.rstrip(os.sep) + os.sep):
+            raise ValueError(f"{target!r} is not under {site!r}")  # as Path.relative_to says it
+        current = site
+        for part in target[len(site):].split(os.sep):
+            if not part:
+                continue
+            current = os.path.join(current, part)
             try:
                 info = fs.lstat(current)
             except FileNotFoundError:
