@@ -314,7 +314,7 @@ def vllm_plugin_text() -> str:
     missing = [r for r in declared if r not in run and r not in via]
     return (f"- **vllm `superlinear-plugin`** (the engine's general plugin loader, no patch; CPU `{plugin.VLLM_RELEASES}`, "
             f"GPU `{plugin.CUDA_VLLM_RELEASES}`): declared on {len(declared)} ({_spans(declared, among)}); a real "
-            f"CPU server runs it on {len(run & set(declared))} ({_spans(sorted(run & set(declared), key=among.index), among)})"
+            f"CPU server runs it on {len(run & set(declared))} ({_spans(list(run & set(declared)), among)})"
             + "".join(f"; {r} via {same} (the same code)" for r, same in via.items())
             + (f"; not run: {', '.join(missing)}" if missing else "") + ".")
 

@@ -42,10 +42,10 @@ def one_cpu_per_rank(ranks: int = 2) -> str:
     return "|".join(str(cpu) for cpu in cpus[:ranks])
 
 
-def verify_url(model: str, base_url: str, python: str, checks: list[str] | tuple[str, ...],
-               engine: str = "vllm") -> dict[str, str]:
-    """`toolkit verify --url` on a running server (``python``: its install, whose patches decide which
-    checks apply): asserts every check of ``checks`` ran and passed; returns check -> detail."""
+def verify_url_report(model: str, base_url: str, python: str, checks: list[str] | tuple[str, ...],
+                      engine: str = "vllm") -> dict:
+    """`toolkit verify --url --json` on a running server (``python``: its install, whose patches decide which
+    checks apply): asserts every check of ``checks`` ran and passed; returns the JSON report."""
     import json
 
     proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", model, "--url", base_url,
@@ -56,7 +56,14 @@ def verify_url(model: str, base_url: str, python: str, checks: list[str] | tuple
     assert sorted(results) == sorted(checks), sorted(results)
     assert not {name: got for name, got in results.items() if got[0] != "pass"}
     assert proc.returncode == 0 and report["verdict"] == "pass", (results, proc.stderr[-2000:])
-    return {name: detail for name, (_, detail) in results.items()}
+    return report
+
+
+def verify_url(model: str, base_url: str, python: str, checks: list[str] | tuple[str, ...],
+               engine: str = "vllm") -> dict[str, str]:
+    """:func:`verify_url_report`'s check -> detail."""
+    report = verify_url_report(model, base_url, python, checks, engine)
+    return {r["name"]: r["detail"] for r in report["results"]}
 
 
 def toolkit_cache_dir() -> Path:

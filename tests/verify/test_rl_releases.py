@@ -19,38 +19,21 @@ on the attention backend (they compare the server with itself and with the local
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
 from scripts.support.superlinear_requests import COVERING_ENV, complete_all
 from scripts.support.tested_releases import VLLM_RL_RELEASE_ENVS, VLLM_RL_RELEASE_PATCHES, env_release
-from tests.harness.fixtures import REPO_ROOT
+from tests.harness.fixtures import verify_url_report
 from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
 from toolkit.cli import VERIFY_CHECKS
+from toolkit.verify.run import DEFAULT_TOOL_ARGS
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
-
-VERIFY_SERVER_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # what `toolkit verify` starts
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_model) -> list:
     return covering_reference(tiny_model)
-
-
-def verify_url_report(model: str, base_url: str, python: str) -> dict:
-    """`toolkit verify --url --json` with every check, against the server of ``python``'s install."""
-    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", model, "--url", base_url,
-                           "--engine", "vllm", "--python", python, "--json"],
-                          capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
-    report = json.loads(proc.stdout)
-    statuses = {r["name"]: r["status"] for r in report["results"]}
-    assert proc.returncode == 0 and report["verdict"] == "pass", (statuses, report["results"], proc.stderr[-2000:])
-    assert statuses == {check: "pass" for check in VERIFY_CHECKS}
-    return report
 
 
 @pytest.mark.parametrize("venv", VLLM_RL_RELEASE_ENVS)
@@ -67,9 +50,10 @@ def test_every_check_and_the_superlinear_plugin_on_one_server(venv, engine_pytho
     prompts = [ids for ids, _, _ in reference]
     apply_patch("vllm", patches, python=python)
     try:
-        with EngineServer("vllm", python, tiny_model, VERIFY_SERVER_ARGS, env={**switches, **COVERING_ENV},
+        # the tool-call flags `toolkit verify --model` starts vLLM with
+        with EngineServer("vllm", python, tiny_model, DEFAULT_TOOL_ARGS["vllm"], env={**switches, **COVERING_ENV},
                           timeout=600) as server:
-            report = verify_url_report(tiny_model, server.base_url, python)
+            report = verify_url_report(tiny_model, server.base_url, python, VERIFY_CHECKS)
             alone = complete_all(server.base_url, tiny_model, prompts, GEN)
             together = complete_all(server.base_url, tiny_model, prompts, GEN, concurrent=True)
             log = server.log_tail(4000)

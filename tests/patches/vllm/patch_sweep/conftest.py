@@ -14,6 +14,7 @@ import pytest
 
 from tests.harness.fixtures import one_cpu_per_rank
 from tests.harness.fixtures import verify_url as run_verify_url
+from toolkit.verify.run import DEFAULT_TOOL_ARGS
 
 
 @dataclass
@@ -75,7 +76,7 @@ def two_rank_sweep_server(tiny_model: str, hf_reference, server_args: list[str],
         yield server
 
 
-VERIFY_SERVER_ARGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # what `toolkit verify` starts with
+VERIFY_SERVER_ARGS = DEFAULT_TOOL_ARGS["vllm"]  # what `toolkit verify --model` starts vLLM with
 
 
 def verify_url(server: SweepServer, skip: tuple[str, ...] = ()) -> dict[str, str]:
