@@ -67,10 +67,12 @@ def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
 
 @contextlib.contextmanager
 def two_rank_sweep_server(tiny_model: str, hf_reference, server_args: list[str], version: str,
-                          patches: tuple[str, ...] = ("patch-sweep",)) -> Iterator[SweepServer]:
-    """A sweep server of two ranks (``server_args``: tensor or data parallel) on CPU. vLLM's automatic thread
-    binding wants one NUMA node per rank, so each rank gets one CPU of its own (VLLM_CPU_OMP_THREADS_BIND)."""
-    env = {"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank()}
+                          patches: tuple[str, ...] = ("patch-sweep",), env: dict[str, str] | None = None,
+                          ) -> Iterator[SweepServer]:
+    """A sweep server of two ranks (``server_args``: tensor or data parallel) on CPU, with ``env`` added to its
+    environment. vLLM's automatic thread binding wants one NUMA node per rank, so each rank gets one CPU of
+    its own (VLLM_CPU_OMP_THREADS_BIND)."""
+    env = {"VLLM_CPU_OMP_THREADS_BIND": one_cpu_per_rank(), **(env or {})}
     with serving_sweep(tiny_model, hf_reference, version, env=env, server_args=server_args, patches=patches) as server:
         assert server.http.get("/v1/models").status_code == 200
         yield server
@@ -108,3 +110,21 @@ def assert_chat_ids_equal_the_reference(server: SweepServer, steps: int = 8) -> 
     pretokenized = server.post("/v1/chat/completions", {**chat, "messages": [], "input_ids": prompt_ids})
     assert pretokenized.status_code == 200, pretokenized.text
     assert pretokenized.json()["choices"][0]["token_ids"] == completion_ids
+
+
+def assert_superlinear_covering_equals_the_reference(server: SweepServer) -> None:
+    """On a scale-out server started with the superlinear plugin in its covering regime (COVERING_ENV): the
+    covering prompts' greedy ids are the Hugging Face reference's and their logprobs equal to rounding, one
+    request at a time and several at once, and the workers built the backend (vLLM logs it from the first
+    rank). In that regime superlinear attention is dense attention summed in another order, so the server's
+    other checks see dense attention's answers."""
+    from scripts.support.superlinear_requests import complete_all
+    from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
+
+    reference = covering_reference(server.model)
+    prompts = [ids for ids, _, _ in reference]
+    alone = complete_all(server.base_url, server.model, prompts, GEN)
+    together = complete_all(server.base_url, server.model, prompts, GEN, concurrent=True)
+    assert_covering_equals_the_reference(reference, alone, together)
+    log = server.log_tail(100000)
+    assert "superlinear attention on (sw_index=7" in log, log[-3000:]

@@ -9,6 +9,13 @@ with a 409 and the next capture with a 400. The answers are checked against the 
 the same weights with the tolerance the single-process tests use (test_server.py, test_interp.py: the
 one-process server equals it), and the TP=1 tests imported below run here as they are. The thread
 binding gives each rank one CPU of its own, as the tensor-parallel server does.
+
+The server also runs superlinear attention (the vLLM plugin in its covering regime, COVERING_ENV): each
+rank's worker builds the backend, and the covering prompts' greedy tokens are the Hugging Face reference's,
+logprobs to rounding, alone and several at once, whichever API server and rank take them. This was
+tests/patches/vllm/superlinear/test_parallel.py's ``data`` case, on a DP=2 server of its own (the same
+flags); in the covering regime superlinear attention is dense attention summed in another order, so the
+sweep tests here compare with the same reference and tolerance.
 """
 
 from __future__ import annotations
@@ -18,7 +25,10 @@ from typing import Iterator
 import pytest
 
 from scripts.support.hf_reference import grid as reference_grid
-from tests.patches.vllm.patch_sweep.conftest import VERIFY_SERVER_ARGS, SweepServer, two_rank_sweep_server, verify_url
+from scripts.support.superlinear_requests import COVERING_ENV
+from tests.patches.vllm.patch_sweep.conftest import (VERIFY_SERVER_ARGS, SweepServer,
+                                                     assert_superlinear_covering_equals_the_reference,
+                                                     two_rank_sweep_server, verify_url)
 from tests.patches.vllm.patch_sweep.test_interp import (  # noqa: F401 (collected here, on the DP=2 server)
     STEERING,
     reference_steer,
@@ -43,8 +53,12 @@ SCALE_OUT_ARGS = ["--data-parallel-size", "2", "--api-server-count", "2", *VERIF
 @pytest.fixture(scope="module")
 def sweep_server(tiny_model, hf_reference) -> Iterator[SweepServer]:
     with two_rank_sweep_server(tiny_model, hf_reference, SCALE_OUT_ARGS, "0.32.0",
-                               ("patch-sweep", "tito", "responses-stream")) as server:
+                               ("patch-sweep", "tito", "responses-stream"), env=COVERING_ENV) as server:
         yield server
+
+
+def test_superlinear_covering_regime_equals_the_reference_on_two_ranks_behind_two_api_servers(sweep_server):
+    assert_superlinear_covering_equals_the_reference(sweep_server)
 
 
 def test_verify_passes_every_check_on_two_ranks_behind_two_api_servers(sweep_server):

@@ -16,7 +16,8 @@ server here runs torch.compile with its eager backend (``--compilation-config '{
 * The same server runs superlinear attention (the vLLM plugin, covering regime: COVERING_ENV): each stage's
   worker builds the backend over its own layer, and the covering prompts' greedy tokens are the Hugging
   Face reference's, logprobs to rounding, alone and several at once (this was
-  tests/patches/vllm/superlinear/test_parallel.py's ``pipeline`` case, on a server of its own; in the
+  tests/patches/vllm/superlinear/test_parallel.py's ``pipeline`` case, on a server of its own, as its
+  tensor and data cases now run on the servers of test_tensor_parallel.py and test_data_parallel.py; in the
   covering regime the other checks here see dense attention's answers, the reference's ids included).
 """
 
@@ -26,11 +27,11 @@ from typing import Iterator
 
 import pytest
 
-from scripts.support.superlinear_requests import COVERING_ENV, complete_all
+from scripts.support.superlinear_requests import COVERING_ENV
 from tests.harness.fixtures import one_cpu_per_rank
 from tests.patches.vllm.patch_sweep.conftest import (VERIFY_SERVER_ARGS, SweepServer, assert_chat_ids_equal_the_reference,
-                                                     serving_sweep, verify_url)
-from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
+                                                     assert_superlinear_covering_equals_the_reference, serving_sweep,
+                                                     verify_url)
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
@@ -60,14 +61,8 @@ def test_greedy_ids_equal_the_reference_through_both_stages(pipeline_server):
     assert_chat_ids_equal_the_reference(pipeline_server)
 
 
-def test_superlinear_covering_regime_equals_the_reference_through_both_stages(pipeline_server, tiny_model):
-    reference = covering_reference(tiny_model)
-    prompts = [ids for ids, _, _ in reference]
-    alone = complete_all(pipeline_server.base_url, tiny_model, prompts, GEN)
-    together = complete_all(pipeline_server.base_url, tiny_model, prompts, GEN, concurrent=True)
-    assert_covering_equals_the_reference(reference, alone, together)
-    log = pipeline_server.log_tail(100000)  # the workers built the backend (vLLM logs it from the first rank)
-    assert "superlinear attention on (sw_index=7" in log, log[-3000:]
+def test_superlinear_covering_regime_equals_the_reference_through_both_stages(pipeline_server):
+    assert_superlinear_covering_equals_the_reference(pipeline_server)
 
 
 @pytest.mark.parametrize("variable", ["TOOLKIT_ENABLE_PATCHING", "TOOLKIT_ENABLE_STEERING"])

