@@ -37,6 +37,7 @@ class Served:
     model: str
     tokenizer: object
     sha_before: dict[str, str]
+    server: object  # toolkit.verify.server.EngineServer
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
     try:
         env = {**sglang_env(), **SERVER_ENV}
         with EngineServer("sglang", python, model, SERVER_ARGS, env=env, timeout=600) as server:
-            yield Served(server.openai_base_url, model, AutoTokenizer.from_pretrained(model), sha_before)
+            yield Served(server.openai_base_url, model, AutoTokenizer.from_pretrained(model), sha_before, server)
     finally:
         revert_patch(engine="sglang", patches=["token-ids", "tito"], python=python)
     assert sha256s(python) == sha_before
@@ -96,6 +97,18 @@ def streamed_ids(chunks: list[dict]) -> tuple[list[int] | None, dict[int, list[i
 
 # --------------------------------------------------------------------------------------------------
 # input_ids
+
+
+def test_stock_backend_does_not_use_superlinear(served):
+    """The superlinear plugin is installed in the venv (its ``sglang.srt.plugins`` entry point); without
+    ``--attention-backend superlinear`` the server's attention stays SGLang's own.
+
+    Moved from tests/patches/sglang/superlinear/test_server.py, whose 0.5.23 torch_native server (the dense
+    reference there, now Hugging Face's) asserted the same on its log (issue 28: one server start less).
+    """
+    log = served.server.log_tail(10**7)  # the whole log: the backend is chosen at start-up
+    assert "server_args=" in log, "the log does not reach back to the server's start"
+    assert "superlinear attention on" not in log
 
 
 def test_input_ids_are_echoed_and_continue_as_the_templated_prompt(served):
