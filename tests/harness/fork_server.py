@@ -13,8 +13,9 @@ stderr are logs: libraries print there):
 
 * ``{"preload": PATH}``: import each module named in PATH (a line each, in import order); a module that
   fails is skipped (the child imports it itself). Reply ``{"imported": N, "skipped": M}``.
-* ``{"run": [SCRIPT, ARG...], "env": {...}, "stdout": PATH, "stderr": PATH, "modules": PATH|null}``:
-  fork; the child sets ``env``, sends its output to the two files and runs SCRIPT as ``__main__``, then
+* ``{"run": [SCRIPT, ARG...], "unset": [NAME...], "env": {...}, "stdout": PATH, "stderr": PATH,
+  "modules": PATH|null}``: fork; the child removes the variables named in ``unset`` from its
+  environment and sets ``env``, sends its output to the two files and runs SCRIPT as ``__main__``, then
   writes the modules it has imported that may be preloaded to ``modules``. Reply ``{"returncode": N}``
   (negative: the signal that ended it).
 
@@ -58,6 +59,8 @@ def child(request: dict) -> None:
     """In the fork: become the driver process; never returns."""
     code = 0
     try:
+        for name in request.get("unset") or ():
+            os.environ.pop(name, None)
         os.environ.update(request.get("env") or {})
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

@@ -60,12 +60,15 @@ class ForkServer:
         if self.modules_list.is_file():
             self._preload(timeout=600)
 
-    def run(self, argv: Sequence[str], *, timeout: float = 600) -> DriverRun:
-        """Run ``argv`` (a script and its arguments) in a fork; like ``run_driver([python, *argv])``."""
+    def run(self, argv: Sequence[str], *, timeout: float = 600, env: Mapping[str, str] | None = None,
+            unset: Sequence[str] = ()) -> DriverRun:
+        """Run ``argv`` (a script and its arguments) in a fork; like ``run_driver([python, *argv])``. The
+        fork's environment is the server's without the variables in ``unset``, with those of ``env``."""
         runs = self.tmp / f"run-{len(list(self.tmp.glob('run-*')))}"
         runs.mkdir()
         learn = not self.preloaded
-        request = {"run": [str(a) for a in argv], "env": {RESULT_ENV: str(runs / "result.json")},
+        request = {"run": [str(a) for a in argv], "unset": list(unset),
+                   "env": {**(env or {}), RESULT_ENV: str(runs / "result.json")},
                    "stdout": str(runs / "stdout"), "stderr": str(runs / "stderr"),
                    "modules": str(runs / "modules.txt") if learn else None}
         returncode = self._ask(request, timeout)["returncode"]

@@ -107,10 +107,9 @@ def pytest_configure(config) -> None:
     os.environ["TOOLKIT_CACHE_DIR"] = str(private)
 
 
-# Files whose release groups each take minutes (an SGLang release's superlinear driver): scheduled a
+# Files whose release groups each take minutes (a real server per release): scheduled a
 # release at a time rather than a file at a time.
 SPLIT_BY_RELEASE = (
-    "tests/patches/sglang/superlinear/test_releases.py",
     # a real server per release: twelve of them, about 20 minutes in one unit
     "tests/verify/test_verify.py",
     # a real server per release RL stacks pin: eight, about 13 minutes in one unit
@@ -131,6 +130,8 @@ MERGED_BY_RELEASE = {
     "tests/patches/sglang/token_ids/test_serving.py": "sglang-serving",
     "tests/patches/sglang/tito/test_serving.py": "sglang-serving",
     "tests/patches/sglang/tito/test_splice.py": "sglang-serving",
+    # its group releases' superlinear drives are forks in those runs too (the other releases: their own units)
+    "tests/patches/sglang/superlinear/test_releases.py": "sglang-serving",
     # tests/patches/vllm/tito/conftest.py: the tito server of each vLLM line
     "tests/patches/vllm/tito/test_bad_input.py": "vllm-tito-server",
     "tests/patches/vllm/tito/test_responses.py": "vllm-tito-server",

@@ -1,4 +1,4 @@
-"""The SGLang serving-layer runs of one release group, shared by the token-ids and tito tests.
+"""The SGLang runs of one release group, shared by the token-ids, tito and superlinear release tests.
 
 Importing SGLang is most of a serving driver's time (11-15 s of 16-19 s), so every case that can run
 in one interpreter does: for each release group (``SGLANG_PROVED``), on one private copy of the venv's
@@ -15,26 +15,38 @@ patch state, four runs where the two test files ran five processes:
    release's; it runs after the patched code ran from the same copy, so a stale module a revert left
    would show as a patch's behaviour, which the baseline tests rule out.
 
-The four runs are forks of one interpreter per group (tests/harness/forks.py) that has imported the
+Then, on the same copy (its files byte-identical to the release's again), the superlinear backend's
+release drives that tests/patches/sglang/superlinear/test_releases.py asserts (``superlinear_runs``):
+on 0.5.9 and 0.5.10 the stock control (0.5.9 only), ``superlinear-backend`` applied, a drive,
+reverted (its files' sha256 before and after); from 0.5.11 a drive of the stock copy with the plugin
+selected (``TOOLKIT_ATTENTION_BACKEND=superlinear``). Each drive gets the environment its own
+subprocess had: no ``TOOLKIT_*`` variable of the tests, plus ``sglang_env()``. A failure there is
+kept for test_releases.py alone; the serving runs stand.
+
+The runs are forks of one interpreter per group (tests/harness/forks.py) that has imported the
 drivers' third-party libraries once (torch, transformers, ...: most of an SGLang import); each fork
 imports SGLang itself from the copy's files as they are in that patch state. A drive went from
 16-19 s to 2-3 s (0.5.23, quiet); the group's four from ~88 s of CPU to ~19 s.
 
-Computed once per process (the first test that asks), kept for the other file; the scheduler gives
-both files' tests of one release to the same worker (tests/harness/workers.py ``MERGED_UNITS``).
+Computed once per process (the first test that asks), kept for the other files; the scheduler gives
+all three files' tests of one release to the same worker (tests/harness/workers.py ``MERGED_BY_RELEASE``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model, toolkit_cache_dir
+from tests.harness.fixtures import (SGLANG_PROVED, ensure_engine_python, ensure_tiny_model, sglang_env,
+                                    toolkit_cache_dir)
 from tests.harness.forks import ForkServer
 from tests.patches.sglang.token_ids.private_sglang import private_install, sha256s
 
 GROUP_DRIVER = Path(__file__).with_name("group_driver.py")
+SUPERLINEAR_DRIVER = Path(__file__).parent / "superlinear" / "release_driver.py"
 SPLICE_RELEASES = ("0.5.9", "0.5.23")  # tests/patches/sglang/tito/test_splice.py
 
 
@@ -61,6 +73,8 @@ class GroupRuns:
     sha_reverted: dict[str, str]
     states_reverted: dict[str, set[str]]
     splice: dict | None = field(default=None)  # the splice driver's cases, patched with both (SPLICE_RELEASES)
+    # then: superlinear_runs' result, or what it raised (tests/patches/sglang/superlinear/test_releases.py)
+    superlinear: dict | BaseException | None = field(default=None)
 
 
 _RUNS: dict[str, GroupRuns | BaseException] = {}
@@ -89,7 +103,55 @@ def group_runs(version: str, tmp_path_factory) -> GroupRuns:
 def _run(version: str, tmp_path_factory) -> GroupRuns:
     python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
     with ForkServer(python, env=drive_env(), key=f"sglang-{version}", cache_dir=toolkit_cache_dir()) as forks:
-        return _run_states(version, python, ensure_tiny_model(), forks)
+        runs = _run_states(version, python, ensure_tiny_model(), forks)
+        if version not in (*SGLANG_PROVED["superlinear-backend"], *SGLANG_PROVED["superlinear-plugin"]):
+            return runs
+        try:
+            runs.superlinear = superlinear_runs(version, python,
+                                                lambda mode, **env: _superlinear_fork(forks, mode, env))
+        except Exception as exc:  # noqa: BLE001 - test_releases.py's failure, raised there; the serving runs stand
+            runs.superlinear = exc
+        return runs
+
+
+def _superlinear_fork(forks: ForkServer, mode: str, env: dict[str, str]) -> dict:
+    """release_driver.py in a fork, in the environment its own subprocess has (test_releases.py ``run``):
+    none of the tests' ``TOOLKIT_*`` variables, ``sglang_env()`` (its ``PYTHONPATH``, the sgl_kernel shim,
+    is on the private interpreter's path already: private_install), then ``env``."""
+    unset = [name for name in forks.env if name.startswith("TOOLKIT_")]
+    extra = {k: v for k, v in sglang_env().items() if k != "PYTHONPATH"}
+    return forks.run([str(SUPERLINEAR_DRIVER), mode], env={**extra, **env}, unset=unset, timeout=300).ok()
+
+
+def superlinear_shas(python: str) -> list[str]:
+    """sha256 of every file ``superlinear-backend`` edits, in the sglang that ``python`` imports."""
+    from toolkit.discovery import find_engines
+    from toolkit.patches.sglang.superlinear_backend.patch import PATCH
+
+    (engine,) = [e for e in find_engines(python) if e.engine == "sglang"]
+    return [hashlib.sha256((Path(engine.package_dir) / e.relpath).read_bytes()).hexdigest() for e in PATCH.files]
+
+
+def superlinear_runs(version: str, python: str, run: Callable[..., dict]) -> dict:
+    """release_driver.py's runs on ``version`` (``run(mode, **env)`` runs it on ``python``'s sglang), for
+    test_releases.py to assert: ``{"plugin": result}`` from 0.5.11 (the stock sglang, the plugin
+    selected); before that ``{"stock": the control's result (the first release) or None, "before":
+    shas, "patch": result, "after": shas}``, ``superlinear-backend`` applied for the ``patch`` run and
+    reverted."""
+    from toolkit import apply_patch, revert_patch
+
+    if version in SGLANG_PROVED["superlinear-plugin"]:
+        return {"plugin": run("plugin", TOOLKIT_ATTENTION_BACKEND="superlinear")}
+    got: dict = {"before": superlinear_shas(python)}
+    # the control: stock SGLang knows no such backend
+    got["stock"] = run("patch") if version == SGLANG_PROVED["superlinear-backend"][0] else None
+    assert apply_patch(engine="sglang", patches=["superlinear-backend"], python=python)
+    try:
+        got["patch"] = run("patch")
+    finally:
+        assert revert_patch(engine="sglang", patches=["superlinear-backend"], python=python)
+    got["after"] = superlinear_shas(python)
+    return got
 
 
 def _run_states(version: str, python: str, model: str, forks: ForkServer) -> GroupRuns:

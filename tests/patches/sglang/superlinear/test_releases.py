@@ -1,4 +1,4 @@
-"""The superlinear backend on every SGLang release it claims, one short subprocess per release (no server).
+"""The superlinear backend on every SGLang release it claims, one short driver run per release (no server).
 
 SGLang 0.5.9 and 0.5.10 have no plugin mechanism: the ``superlinear-backend`` patch is applied to a
 private copy of the release (``private_sglang.py``) and reverted byte for byte (on 0.5.9 the stock
@@ -11,18 +11,29 @@ is built by the attention registry's factory and its prompts, chunks over a cach
 decodes over SGLang's real token pools equal the naive reference (and dense attention where the
 spans cover the prefix). The files these depend on differ in every release (their sha256 groups are
 one release each), so each release runs once: SGLANG_PROVED in tests/harness/fixtures.py.
+
+Where the release is an SGLang group release (``SGLANG_GROUP_RELEASES``), the driver runs are part of
+that group's runs (tests/patches/sglang/group_runs.py ``superlinear_runs``): forks of the group's
+interpreter, which has the third-party libraries imported, on the group's private copy after its
+serving runs, when the copy's files are byte-identical to the release's again; each gets the
+environment its own subprocess would (no ``TOOLKIT_*`` variable of the tests, ``sglang_env()``). So
+there the plugin runs on that private copy rather than on the venv's own sglang: the same files, and
+the toolkit's entry points still come from the venv's site-packages. The other releases (0.5.10.post1,
+0.5.15.post1) run ``release_driver.py`` in a subprocess of their own, the patch on a private copy
+and the plugin on the venv's interpreter. Both ways make the same runs and assert the same.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.harness.channel import run_driver
-from tests.harness.fixtures import SGLANG_PROVED, ensure_engine_python, sglang_env
+from tests.harness.fixtures import SGLANG_GROUP_RELEASES, SGLANG_PROVED, ensure_engine_python, sglang_env
+from tests.patches.sglang.group_runs import group_runs, superlinear_runs
+from tests.patches.sglang.token_ids.private_sglang import private_install
 
 pytestmark = [pytest.mark.engine]
 
@@ -35,8 +46,21 @@ def run(python: str, mode: str, **env: str) -> dict:
     return run_driver([python, str(DRIVER), mode], env=full, timeout=300, cwd="/").ok()
 
 
-def drive(python: str, mode: str, **env: str) -> dict:
-    got = run(python, mode, **env)
+def runs(version: str, tmp_path_factory) -> dict:
+    """``superlinear_runs`` of ``version``: its group's, or in a subprocess each (on a private copy
+    where the patch is applied, else on the venv's interpreter)."""
+    if version in SGLANG_GROUP_RELEASES:
+        got = group_runs(version, tmp_path_factory).superlinear
+        if isinstance(got, BaseException):
+            raise got
+        return got
+    python = ensure_engine_python(f"sglang-{version}")
+    if version in SGLANG_PROVED["superlinear-backend"]:
+        python = private_install(python, tmp_path_factory.mktemp(f"sglang-{version}"))
+    return superlinear_runs(version, python, lambda mode, **env: run(python, mode, **env))
+
+
+def assert_drive(got: dict) -> dict:
     assert got["cli"] == "superlinear", got
     assert got["support_triton"] is False and got["positions"] == [3, 4, 0, 1, 2, 3], got
     assert got["factory"] == "toolkit.patches.sglang.superlinear.plugin", got
@@ -48,30 +72,15 @@ def drive(python: str, mode: str, **env: str) -> dict:
 
 
 @pytest.mark.parametrize("version", SGLANG_PROVED["superlinear-backend"])
-def test_the_patch_selects_and_runs_the_backend(version, tmp_path):
-    from tests.patches.sglang.token_ids.private_sglang import private_install
-    from toolkit import apply_patch, revert_patch
-    from toolkit.discovery import find_engines
-    from toolkit.patches.sglang.superlinear_backend.patch import PATCH
-
-    python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path)
-    (engine,) = [e for e in find_engines(python) if e.engine == "sglang"]
-
-    def shas() -> list[str]:
-        return [hashlib.sha256((Path(engine.package_dir) / e.relpath).read_bytes()).hexdigest() for e in PATCH.files]
-
-    before = shas()
+def test_the_patch_selects_and_runs_the_backend(version, tmp_path_factory):
+    got = runs(version, tmp_path_factory)
     if version == SGLANG_PROVED["superlinear-backend"][0]:  # the control: stock SGLang knows no such backend
-        stock = run(python, "patch")
+        stock = got["stock"]
         assert stock["cli"] is None and stock["factory"] is None and stock["support_triton"] is True, stock
-    assert apply_patch(engine="sglang", patches=["superlinear-backend"], python=python)
-    try:
-        drive(python, "patch")
-    finally:
-        assert revert_patch(engine="sglang", patches=["superlinear-backend"], python=python)
-    assert shas() == before
+    assert_drive(got["patch"])
+    assert got["after"] == got["before"]
 
 
 @pytest.mark.parametrize("version", SGLANG_PROVED["superlinear-plugin"])
-def test_the_plugin_selects_and_runs_the_backend(version):
-    drive(ensure_engine_python(f"sglang-{version}"), "plugin", TOOLKIT_ATTENTION_BACKEND="superlinear")
+def test_the_plugin_selects_and_runs_the_backend(version, tmp_path_factory):
+    assert_drive(runs(version, tmp_path_factory)["plugin"])
