@@ -66,6 +66,16 @@ def test_runs_like_a_subprocess_and_sees_each_edit(tmp_path):
         assert forks.run([driver, "ok"]).result["answer"] == 2
 
 
+def test_a_run_unsets_and_sets_variables_of_its_own(tmp_path):
+    """``run(env=, unset=)``: the fork's environment is the server's without ``unset``, with ``env``; the
+    next run starts from the server's again."""
+    engine, driver, env = _setup(tmp_path)
+    with ForkServer(sys.executable, env=env, key="demo", cache_dir=tmp_path / "cache") as forks:
+        assert forks.run([driver, "ok"], unset=["FORK_TEST"]).result["env"] is None
+        assert forks.run([driver, "ok"], unset=["FORK_TEST"], env={"FORK_TEST": "own"}).result["env"] == "own"
+        assert forks.run([driver, "ok"]).result["env"] == "yes"
+
+
 def test_a_stale_module_list_costs_nothing_but_a_skip(tmp_path):
     engine, driver, env = _setup(tmp_path)
     cache = tmp_path / "cache"

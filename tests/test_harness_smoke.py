@@ -187,10 +187,13 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
     splice = "tests/patches/sglang/tito/test_splice.py"
     releases = "tests/patches/sglang/superlinear/test_releases.py"
     sweep = "tests/patches/vllm/patch_sweep/test_server.py"
-    assert releases in SPLIT_BY_RELEASE and {tito, token_ids, splice, sweep} <= set(MERGED_BY_RELEASE)
+    assert releases not in SPLIT_BY_RELEASE and {releases, tito, token_ids, splice, sweep} <= set(MERGED_BY_RELEASE)
     assert schedule_unit("tests/toolkit/test_cli.py::test_exit_codes") == "tests/toolkit/test_cli.py"
     assert schedule_unit("tests/toolkit/test_cli.py::test_x[0.5.9]") == "tests/toolkit/test_cli.py"  # not listed
-    assert schedule_unit(f"{releases}::test_p[0.5.10.post1]") == f"{releases}::0.5.10.post1"
+    # the superlinear drives of a group release run in the group's forks: with its serving tests; a release
+    # that is no group's (a post release) gets a unit of the same name, alone
+    assert schedule_unit(f"{releases}::test_p[0.5.11]") == schedule_unit(f"{tito}::test_t[0.5.11]") == "sglang-serving::0.5.11"
+    assert schedule_unit(f"{releases}::test_p[0.5.10.post1]") == "sglang-serving::0.5.10.post1"
     assert schedule_unit(f"{releases}::test_d") == releases  # no release: the file's own unit
     # the files sharing a session server per vLLM line: one unit per line, so the server starts once
     assert schedule_unit(f"{sweep}::test_c[0.33.0-block-logitdiff-spans]") == "vllm-sweep-server::0.33.0"
