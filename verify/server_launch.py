@@ -3,7 +3,8 @@
 The command runs the engine's OpenAI entry point under the given interpreter with the CPU defaults of
 shared/ENGINES.md, where a flag the caller passes replaces its default. The environment points TMPDIR,
 HF_HOME and the engines' cache roots inside the server's temporary directory and turns the hub off;
-the working directory is an empty folder there.
+the working directory is an empty folder there. One exception: a ``TORCHINDUCTOR_CACHE_DIR`` the caller
+sets is kept, as torch itself would use it (torch.compile's kernels, compiled once for every server).
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def server_env(engine: str, tmp_dir: Path, extra_env: Mapping[str, str], *, cpu:
         "OUTLINES_CACHE_DIR": str(tmp_dir / "xdg-cache" / "outlines"),
         "PYTHONUNBUFFERED": "1",
     })
+    # torch.compile's cache, where the caller keeps one: what the engines compile with inductor at start-up or
+    # on the first requests (C++ on CPU, ~4 s a kernel) is compiled once instead of by every server. Its
+    # entries are keyed by torch, the compiler and the source, and torch locks it for concurrent processes.
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     if cpu and engine == "vllm":
         env["VLLM_TARGET_DEVICE"] = "cpu"
     if cpu and engine == "sglang":

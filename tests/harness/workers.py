@@ -98,6 +98,10 @@ def pytest_configure(config) -> None:
     # vLLM's model-class inspection kept between the suite's servers (toolkit.verify.modelinfo_cache): one less
     # vLLM import per server start; shared by the workers (entries are written by rename).
     os.environ.setdefault("TOOLKIT_VLLM_MODELINFO_CACHE", str(shared / "vllm-modelinfos"))
+    # torch.compile's kernels (the engines compile a few with inductor, C++ on CPU: ~90 compiles of ~4 s a
+    # run when every server had a private cache) compiled once and kept between runs, as torch's own
+    # default /tmp/torchinductor_<user> would be: the test servers keep it (verify/server_launch.py).
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(shared / "inductor-cache"))
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
         return
