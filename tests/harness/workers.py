@@ -165,7 +165,7 @@ def schedule_unit(nodeid: str) -> str:
 # a server while the other waits. xdist's own order (the most tests first) put the single-test units, a
 # verify run of ~2 minutes each, last.
 # A full run's record, committed for a new machine (units of a second or more, rounded): the clean-clone
-# validation run of 757980a on 2026-11-27 (docs/benchmarks.md, "CI after issue 30's plugin proof"). Refresh it
+# validation run of 76596e4 on 2026-11-27 (docs/benchmarks.md, "CI with fewer engine starts"). Refresh it
 # by copying <cache>/test-unit-seconds.json, keeping only the units the suite still has.
 UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
 RECORDED_NAME = "test-unit-seconds.json"  # in the shared cache: tests/harness/phases.py adds each run's
