@@ -62,7 +62,10 @@ def server_env(engine: str, tmp_dir: Path, extra_env: Mapping[str, str], *, cpu:
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "XDG_CACHE_HOME": str(tmp_dir / "xdg-cache"),
         "TRITON_CACHE_DIR": str(tmp_dir / "triton-cache"),
-        "TORCHINDUCTOR_CACHE_DIR": str(tmp_dir / "inductor-cache"),
+        # torch.compile's cache, where the caller keeps one: what the engines compile with inductor at start-up
+        # or on the first requests (C++ on CPU, ~4 s a kernel) is compiled once instead of by every server. Its
+        # entries are keyed by torch, the compiler and the source, and torch locks it for concurrent processes.
+        "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(tmp_dir / "inductor-cache"),
         "VLLM_CACHE_ROOT": str(tmp_dir / "vllm-cache"),
         "VLLM_CONFIG_ROOT": str(tmp_dir / "vllm-cache"),
         "VLLM_NO_USAGE_STATS": "1",
@@ -71,11 +74,6 @@ def server_env(engine: str, tmp_dir: Path, extra_env: Mapping[str, str], *, cpu:
         "OUTLINES_CACHE_DIR": str(tmp_dir / "xdg-cache" / "outlines"),
         "PYTHONUNBUFFERED": "1",
     })
-    # torch.compile's cache, where the caller keeps one: what the engines compile with inductor at start-up or
-    # on the first requests (C++ on CPU, ~4 s a kernel) is compiled once instead of by every server. Its
-    # entries are keyed by torch, the compiler and the source, and torch locks it for concurrent processes.
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
-        env["TORCHINDUCTOR_CACHE_DIR"] = os.environ["TORCHINDUCTOR_CACHE_DIR"]
     if cpu and engine == "vllm":
         env["VLLM_TARGET_DEVICE"] = "cpu"
     if cpu and engine == "sglang":

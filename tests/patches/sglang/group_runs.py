@@ -34,7 +34,6 @@ all three files' tests of one release to the same worker (tests/harness/workers.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,15 +122,6 @@ def _superlinear_fork(forks: ForkServer, mode: str, env: dict[str, str]) -> dict
     return forks.run([str(SUPERLINEAR_DRIVER), mode], env={**extra, **env}, unset=unset, timeout=300).ok()
 
 
-def superlinear_shas(python: str) -> list[str]:
-    """sha256 of every file ``superlinear-backend`` edits, in the sglang that ``python`` imports."""
-    from toolkit.discovery import find_engines
-    from toolkit.patches.sglang.superlinear_backend.patch import PATCH
-
-    (engine,) = [e for e in find_engines(python) if e.engine == "sglang"]
-    return [hashlib.sha256((Path(engine.package_dir) / e.relpath).read_bytes()).hexdigest() for e in PATCH.files]
-
-
 def superlinear_runs(version: str, python: str, run: Callable[..., dict]) -> dict:
     """release_driver.py's runs on ``version`` (``run(mode, **env)`` runs it on ``python``'s sglang), for
     test_releases.py to assert: ``{"plugin": result}`` from 0.5.11 (the stock sglang, the plugin
@@ -139,10 +129,11 @@ def superlinear_runs(version: str, python: str, run: Callable[..., dict]) -> dic
     shas, "patch": result, "after": shas}``, ``superlinear-backend`` applied for the ``patch`` run and
     reverted."""
     from toolkit import apply_patch, revert_patch
+    from toolkit.patches.sglang.superlinear_backend.patch import PATCH
 
     if version in SGLANG_PROVED["superlinear-plugin"]:
         return {"plugin": run("plugin", TOOLKIT_ATTENTION_BACKEND="superlinear")}
-    got: dict = {"before": superlinear_shas(python)}
+    got: dict = {"before": sha256s(python, PATCH)}
     # the control: stock SGLang knows no such backend
     got["stock"] = run("patch") if version == SGLANG_PROVED["superlinear-backend"][0] else None
     assert apply_patch(engine="sglang", patches=["superlinear-backend"], python=python)
@@ -150,7 +141,7 @@ def superlinear_runs(version: str, python: str, run: Callable[..., dict]) -> dic
         got["patch"] = run("patch")
     finally:
         assert revert_patch(engine="sglang", patches=["superlinear-backend"], python=python)
-    got["after"] = superlinear_shas(python)
+    got["after"] = sha256s(python, PATCH)
     return got
 
 

@@ -44,10 +44,10 @@ def private_install(python: str, root: Path) -> str:
     return str(wrapper)
 
 
-def sha256s(python: str) -> dict[str, str]:
-    """sha256 of every file token-ids edits, in the sglang that ``python`` imports."""
+def sha256s(python: str, patch=PATCH) -> dict[str, str]:
+    """sha256 of every file ``patch`` (token-ids by default) edits, in the sglang that ``python`` imports."""
     from toolkit.discovery import find_engines
 
     (engine,) = [e for e in find_engines(python) if e.engine == "sglang"]
     return {edit.relpath: hashlib.sha256((Path(engine.package_dir) / edit.relpath).read_bytes()).hexdigest()
-            for edit in PATCH.files}
+            for edit in patch.files}
