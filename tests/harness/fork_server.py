@@ -14,8 +14,11 @@ stderr are logs: libraries print there):
 * ``{"preload": PATH}``: import each module named in PATH (a line each, in import order); a module that
   fails is skipped (the child imports it itself). Reply ``{"imported": N, "skipped": M}``.
 * ``{"run": [SCRIPT, ARG...], "unset": [NAME...], "env": {...}, "stdout": PATH, "stderr": PATH,
-  "modules": PATH|null}``: fork; the child removes the variables named in ``unset`` from its
-  environment and sets ``env``, sends its output to the two files and runs SCRIPT as ``__main__``, then
+  "modules": PATH|null, "pythonpath": STR|null}``: fork; the child removes the variables named in
+  ``unset`` from its environment and sets ``env``; with ``pythonpath``, its ``sys.path`` and
+  ``PYTHONPATH`` have that path where the server's own ``PYTHONPATH`` was (a server shared by engine
+  copies over the same libraries: each run imports its own copy's engine); it sends its output to the
+  two files and runs SCRIPT as ``__main__``, then
   writes the modules it has imported that may be preloaded to ``modules``. Reply ``{"returncode": N}``
   (negative: the signal that ended it).
 
@@ -26,6 +29,7 @@ drives it).
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import runpy
@@ -34,6 +38,8 @@ import traceback
 
 # The engine's packages and ours: a patch edits or injects these, so every child imports them itself.
 NEVER = ("sglang", "vllm", "toolkit", "tests", "__main__", "__mp_main__")
+# The server's own PYTHONPATH entries, as the interpreter put them on sys.path at its start.
+SERVER_PYTHONPATH = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
 
 
 def may_preload(name: str) -> bool:
@@ -55,6 +61,16 @@ def preload(path: str) -> dict:
     return {"imported": imported, "skipped": skipped}
 
 
+def use_pythonpath(pythonpath: str) -> None:
+    """``pythonpath`` in place of the server's own on ``sys.path`` (where the interpreter put it: after the
+    script's folder, before the standard library) and in the environment (for the child's subprocesses)."""
+    entries = [entry for entry in pythonpath.split(os.pathsep) if entry]
+    rest = [entry for entry in sys.path[1:] if entry not in SERVER_PYTHONPATH]
+    sys.path[:] = [sys.path[0], *entries, *rest]
+    os.environ["PYTHONPATH"] = pythonpath
+    importlib.invalidate_caches()
+
+
 def child(request: dict) -> None:
     """In the fork: become the driver process; never returns."""
     code = 0
@@ -62,6 +78,8 @@ def child(request: dict) -> None:
         for name in request.get("unset") or ():
             os.environ.pop(name, None)
         os.environ.update(request.get("env") or {})
+        if request.get("pythonpath") is not None:
+            use_pythonpath(request["pythonpath"])
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         for fd, key in ((1, "stdout"), (2, "stderr")):

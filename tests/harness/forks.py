@@ -61,16 +61,18 @@ class ForkServer:
             self._preload(timeout=600)
 
     def run(self, argv: Sequence[str], *, timeout: float = 600, env: Mapping[str, str] | None = None,
-            unset: Sequence[str] = ()) -> DriverRun:
+            unset: Sequence[str] = (), pythonpath: str | None = None) -> DriverRun:
         """Run ``argv`` (a script and its arguments) in a fork; like ``run_driver([python, *argv])``. The
-        fork's environment is the server's without the variables in ``unset``, with those of ``env``."""
+        fork's environment is the server's without the variables in ``unset``, with those of ``env``; with
+        ``pythonpath``, the fork imports from that path instead of the server's ``PYTHONPATH`` (another
+        copy of the engine over the same libraries: tests/patches/sglang/group_runs.py)."""
         runs = self.tmp / f"run-{len(list(self.tmp.glob('run-*')))}"
         runs.mkdir()
         learn = not self.preloaded
         request = {"run": [str(a) for a in argv], "unset": list(unset),
                    "env": {**(env or {}), RESULT_ENV: str(runs / "result.json")},
                    "stdout": str(runs / "stdout"), "stderr": str(runs / "stderr"),
-                   "modules": str(runs / "modules.txt") if learn else None}
+                   "modules": str(runs / "modules.txt") if learn else None, "pythonpath": pythonpath}
         returncode = self._ask(request, timeout)["returncode"]
         result_file = runs / "result.json"
         result = json.loads(result_file.read_text()) if result_file.is_file() else None

@@ -146,17 +146,31 @@ MERGED_BY_RELEASE = {
     "tests/patches/vllm/patch_sweep/test_interp.py": "vllm-sweep-server",
     "tests/patches/vllm/patch_sweep/test_server.py": "vllm-sweep-server",
 }
+SGLANG_GROUP_TRANSFORMERS_OF_023 = "5.19.0"  # an overlay pinning it adds nothing to 0.5.23's venv (scripts/envs.py)
+
+
+def sglang_libraries(release: str) -> str:
+    """The set of third-party libraries an SGLang release's venv serves it with (scripts/envs.py): its own
+    venv's (0.5.9, 0.5.23), or 0.5.23's with the transformers its overlay pins. The group runs of one set
+    share one fork server (tests/patches/sglang/group_runs.py), so one worker takes them all."""
+    from scripts.envs import SGLANG_GROUP_TRANSFORMERS
+
+    transformers = SGLANG_GROUP_TRANSFORMERS.get(release)
+    if transformers is None or transformers == SGLANG_GROUP_TRANSFORMERS_OF_023:
+        return f"sglang-{release if transformers is None else '0.5.23'}"
+    return f"transformers-{transformers}"
 
 
 def schedule_unit(nodeid: str) -> str:
     """The unit a worker takes at once: the test's file, or in ``SPLIT_BY_RELEASE`` the file and the
     first release named in the test's parameters, or in ``MERGED_BY_RELEASE`` the shared name and
-    that release."""
+    that release (for "sglang-serving": the release's libraries, ``sglang_libraries``)."""
     path = nodeid.split("::", 1)[0]
     if (path in SPLIT_BY_RELEASE or path in MERGED_BY_RELEASE) and nodeid.endswith("]") and "[" in nodeid:
         release = RELEASE.search(nodeid[nodeid.index("["):])
         if release:
-            return f"{MERGED_BY_RELEASE.get(path, path)}::{release.group(0)}"
+            name = MERGED_BY_RELEASE.get(path, path)
+            return f"{name}::{sglang_libraries(release.group(0)) if name == 'sglang-serving' else release.group(0)}"
     return path
 
 

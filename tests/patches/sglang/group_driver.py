@@ -41,6 +41,9 @@ def main(model: str, parts: list[str]) -> dict:
             from tests.patches.sglang.tito import splice_driver as splice
 
             result[part] = asyncio.run(splice.main(model))
+    import sglang
+
+    result["sglang_file"] = sglang.__file__  # which copy served: group_runs.py checks it is the group's
     return result
 
 

@@ -23,10 +23,14 @@ selected (``TOOLKIT_ATTENTION_BACKEND=superlinear``). Each drive gets the enviro
 subprocess had: no ``TOOLKIT_*`` variable of the tests, plus ``sglang_env()``. A failure there is
 kept for test_releases.py alone; the serving runs stand.
 
-The runs are forks of one interpreter per group (tests/harness/forks.py) that has imported the
-drivers' third-party libraries once (torch, transformers, ...: most of an SGLang import); each fork
-imports SGLang itself from the copy's files as they are in that patch state. A drive went from
-16-19 s to 2-3 s (0.5.23, quiet); the group's four from ~88 s of CPU to ~19 s.
+The runs are forks of one interpreter (tests/harness/forks.py) that has imported the drivers'
+third-party libraries once (torch, transformers, ...: most of an SGLang import); each fork imports
+SGLang itself from the copy's files as they are in that patch state. A drive went from 16-19 s to
+2-3 s (0.5.23, quiet); the group's four from ~88 s of CPU to ~19 s. That interpreter serves every
+group over the same libraries (the same base venv and the same transformers: ``PrivateSglang.libs_key``;
+six sets for the fifteen groups), each fork with its own group's copy on its path in place of the
+server's, so the ~17 s of importing them is paid once a set instead of once a group; the scheduler
+gives one worker all the groups of a set (tests/harness/workers.py ``SGLANG_LIBRARIES``).
 
 Computed once per process (the first test that asks), kept for the other files; the scheduler gives
 all three files' tests of one release to the same worker (tests/harness/workers.py ``MERGED_BY_RELEASE``).
@@ -34,15 +38,16 @@ all three files' tests of one release to the same worker (tests/harness/workers.
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tests.harness.fixtures import (SGLANG_PROVED, ensure_engine_python, ensure_tiny_model, sglang_env,
-                                    toolkit_cache_dir)
+from tests.harness.fixtures import (SGLANG_GROUP_RELEASES, SGLANG_PROVED, ensure_engine_python, ensure_tiny_model,
+                                    sglang_env, toolkit_cache_dir)
 from tests.harness.forks import ForkServer
-from tests.patches.sglang.token_ids.private_sglang import private_install, sha256s
+from tests.patches.sglang.token_ids.private_sglang import PrivateSglang, private_sglang, sha256s
 
 GROUP_DRIVER = Path(__file__).with_name("group_driver.py")
 SUPERLINEAR_DRIVER = Path(__file__).parent / "superlinear" / "release_driver.py"
@@ -93,6 +98,7 @@ def group_runs(version: str, tmp_path_factory) -> GroupRuns:
             _RUNS[version] = _run(version, tmp_path_factory)
         except BaseException as exc:  # noqa: BLE001 - kept and raised again for every caller
             _RUNS[version] = exc
+        _close_when_its_libraries_are_done(version)
     got = _RUNS[version]
     if isinstance(got, BaseException):
         raise got
@@ -100,20 +106,72 @@ def group_runs(version: str, tmp_path_factory) -> GroupRuns:
 
 
 def _run(version: str, tmp_path_factory) -> GroupRuns:
-    python = private_install(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
-    with ForkServer(python, env=drive_env(), key=f"sglang-{version}", cache_dir=toolkit_cache_dir()) as forks:
-        runs = _run_states(version, python, ensure_tiny_model(), forks)
-        if version not in (*SGLANG_PROVED["superlinear-backend"], *SGLANG_PROVED["superlinear-plugin"]):
-            return runs
-        try:
-            runs.superlinear = superlinear_runs(version, python,
-                                                lambda mode, **env: _superlinear_fork(forks, mode, env))
-        except Exception as exc:  # noqa: BLE001 - test_releases.py's failure, raised there; the serving runs stand
-            runs.superlinear = exc
+    copy = private_sglang(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
+    python, forks = copy.python, GroupForks(_libraries_fork_server(copy), copy)
+    runs = _run_states(version, python, ensure_tiny_model(), forks)
+    if version not in (*SGLANG_PROVED["superlinear-backend"], *SGLANG_PROVED["superlinear-plugin"]):
         return runs
+    try:
+        runs.superlinear = superlinear_runs(version, python, lambda mode, **env: _superlinear_fork(forks, mode, env))
+    except Exception as exc:  # noqa: BLE001 - test_releases.py's failure, raised there; the serving runs stand
+        runs.superlinear = exc
+    return runs
 
 
-def _superlinear_fork(forks: ForkServer, mode: str, env: dict[str, str]) -> dict:
+_FORK_SERVERS: dict[str, ForkServer] = {}  # libs_key -> this process's fork server of those libraries
+
+
+def _libraries_fork_server(copy: PrivateSglang) -> ForkServer:
+    """The fork server of ``copy``'s libraries in this process: started by the first group over them and
+    kept for the next; one of other libraries is closed first (a worker runs the groups of one set
+    together), so at most one is held. A server that died is started again."""
+    forks = _FORK_SERVERS.get(copy.libs_key)
+    if forks is not None and forks.process is not None:
+        return forks
+    while _FORK_SERVERS:
+        _FORK_SERVERS.popitem()[1].close()
+    forks = ForkServer(copy.libs_python, env=drive_env(), key=f"sglang-libs-{copy.libs_key}",
+                       cache_dir=toolkit_cache_dir())
+    forks.start()
+    atexit.register(forks.close)  # the last one, at the worker's end
+    _FORK_SERVERS[copy.libs_key] = forks
+    return forks
+
+
+def _close_when_its_libraries_are_done(version: str) -> None:
+    """Once every group over ``version``'s libraries has run in this process, their fork server goes (so its
+    CPU time is counted with these tests, not at the worker's exit)."""
+    from tests.harness.workers import sglang_libraries
+
+    libraries = sglang_libraries(version)
+    if all(release in _RUNS for release in SGLANG_GROUP_RELEASES if sglang_libraries(release) == libraries):
+        while _FORK_SERVERS:
+            _FORK_SERVERS.popitem()[1].close()
+
+
+@dataclass
+class GroupForks:
+    """A libraries' fork server running one group's drivers: each fork imports from the group's copy."""
+
+    server: ForkServer
+    copy: PrivateSglang
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.server.env
+
+    def run(self, argv, **options):
+        # what the group's own wrapper interpreter would put on the path, before the caller's PYTHONPATH
+        inherited = self.server.env.get("PYTHONPATH")
+        pythonpath = self.copy.pythonpath + (f":{inherited}" if inherited else "")
+        run = self.server.run(argv, pythonpath=pythonpath, **options)
+        served = (run.result or {}).get("sglang_file") if isinstance(run.result, dict) else None
+        # group_driver.py says which sglang it imported: this group's copy, never the server's first group's
+        assert served is None or served.startswith(self.copy.pythonpath.split(":", 1)[0] + "/"), (served, pythonpath)
+        return run
+
+
+def _superlinear_fork(forks: GroupForks, mode: str, env: dict[str, str]) -> dict:
     """release_driver.py in a fork, in the environment its own subprocess has (test_releases.py ``run``):
     none of the tests' ``TOOLKIT_*`` variables, ``sglang_env()`` (its ``PYTHONPATH``, the sgl_kernel shim,
     is on the private interpreter's path already: private_install), then ``env``."""
@@ -145,10 +203,10 @@ def superlinear_runs(version: str, python: str, run: Callable[..., dict]) -> dic
     return got
 
 
-def _run_states(version: str, python: str, model: str, forks: ForkServer) -> GroupRuns:
+def _run_states(version: str, python: str, model: str, forks: GroupForks) -> GroupRuns:
     from toolkit import apply_patch, patch_status, revert_patch
 
-    def drive(*parts: str) -> dict:  # a fork of one interpreter per group: its libraries imported once
+    def drive(*parts: str) -> dict:  # a fork of the libraries' interpreter: they are imported once
         return forks.run([str(GROUP_DRIVER), model, *parts], timeout=900).ok()
 
     def states() -> dict[str, set[str]]:

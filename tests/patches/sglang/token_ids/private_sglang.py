@@ -13,15 +13,32 @@ import hashlib
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.patches.sglang.token_ids.patch import PATCH
 from tests.harness.fixtures import SHIM_DIR
 
 
+@dataclass(frozen=True)
+class PrivateSglang:
+    """A private copy of a venv's ``sglang`` (``private_sglang``)."""
+
+    python: str  # the wrapper interpreter: the copy first on its path
+    pythonpath: str  # what the wrapper puts before the caller's PYTHONPATH
+    libs_python: str  # the same interpreter and libraries without the copy (a fork server's, group_runs.py)
+    libs_pythonpath: str  # what libs_python puts before the caller's PYTHONPATH
+    libs_key: str  # equal for copies over the same interpreter and the same libraries of the overlay
+
+
 def private_install(python: str, root: Path) -> str:
     """A wrapper interpreter under ``root`` running ``python`` with a private copy of its sglang;
     the test-only ``sgl_kernel`` shim is on its path too (SGLang 0.5.9 imports it)."""
+    return private_sglang(python, root).python
+
+
+def private_sglang(python: str, root: Path) -> PrivateSglang:
+    """``private_install``, with the paths and the key of the libraries beside the copy."""
     # Where its sglang is, and the interpreter behind it: an overlay (scripts/envs.py) is a wrapper
     # putting its site directory (that release's sglang and transformers) before the base venv's.
     site_text, interpreter = subprocess.run(
@@ -29,19 +46,29 @@ def private_install(python: str, root: Path) -> str:
          "print(pathlib.Path(u.find_spec('sglang').origin).parent.parent); print(sys.executable)"],
         check=True, capture_output=True, text=True, cwd="/").stdout.split("\n")[:2]
     site = Path(site_text)
-    overlay = "" if site.name == "site-packages" else f":{site}"
+    overlay = [] if site.name == "site-packages" else [str(site)]
     (root / "site").mkdir(parents=True)
     shutil.copytree(site / "sglang", root / "site" / "sglang", copy_function=os.link)
     for dist_info in site.glob("sglang-*.dist-info"):
         shutil.copytree(dist_info, root / "site" / dist_info.name)
-    wrapper = root / "bin" / "python"
-    wrapper.parent.mkdir()
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f'PYTHONPATH="{root / "site"}{overlay}:{SHIM_DIR}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{interpreter}" "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return str(wrapper)
+    pythonpath = ":".join([str(root / "site"), *overlay, str(SHIM_DIR)])
+    libs_pythonpath = ":".join([*overlay, str(SHIM_DIR)])
+    (root / "bin").mkdir()
+    wrappers = []
+    for name, path in (("python", pythonpath), ("python-libs", libs_pythonpath)):
+        wrapper = root / "bin" / name
+        wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{interpreter}" "$@"\n')
+        wrapper.chmod(0o755)
+        wrappers.append(str(wrapper))
+    # The overlay's own libraries (its transformers, tokenizers: hard links of one install per set of pins,
+    # scripts/envs.py) by name and version; what the sglang wheel installed aside (sglang, and in some
+    # releases a top-level ``tools``), as the copy's path comes first
+    sglang_files = {line.split("/", 1)[0] for record in site.glob("sglang-*.dist-info/RECORD")
+                    for line in record.read_text().splitlines()}
+    libraries = sorted(entry.name for entry in site.iterdir()
+                       if entry.name not in sglang_files and not entry.name.startswith(".")) if overlay else []
+    key = hashlib.sha256("\n".join([interpreter, *libraries]).encode()).hexdigest()[:12]
+    return PrivateSglang(wrappers[0], pythonpath, wrappers[1], libs_pythonpath, key)
 
 
 def sha256s(python: str, patch=PATCH) -> dict[str, str]:
