@@ -271,6 +271,27 @@ CORE: list[Check] = [
 ]
 
 
+def patch_skip(check: Check, target: Target) -> CheckResult | None:
+    """``check``'s skip on ``target`` when the engine cannot run it or a patch it needs is not applied:
+    known from the install alone, before any request. None when it can run."""
+    missing = check.missing_patch(target)
+    if missing == "":
+        return CheckResult(check.name, SKIP, f"not available on {target.engine}")
+    if missing:
+        return CheckResult(check.name, SKIP, f"patch {missing} is not applied to {target.engine}")
+    return None
+
+
+def skips_before_serving(target: Target, names: list[str] | None = None,
+                         checks: Sequence[Check] | None = None) -> list[CheckResult] | None:
+    """When not one of ``names`` (default: all) of ``checks`` can run on ``target`` (``patch_skip``: only its
+    ``engine`` and ``applied_patches`` are read, so an install will do), their skips; else None. A server
+    started for such a run would answer nothing."""
+    checks = all_checks() if checks is None else list(checks)
+    skips = [patch_skip(check, target) for check in checks if not names or check.name in names]
+    return skips if all(skips) else None
+
+
 def run_checks(target: Target, names: list[str] | None = None,
                on_result: Callable[[CheckResult], None] | None = None,
                checks: Sequence[Check] | None = None) -> list[CheckResult]:
@@ -284,12 +305,8 @@ def run_checks(target: Target, names: list[str] | None = None,
     for check in checks:
         if names and check.name not in names:
             continue
-        missing = check.missing_patch(target)
-        if missing == "":
-            result = CheckResult(check.name, SKIP, f"not available on {target.engine}")
-        elif missing:
-            result = CheckResult(check.name, SKIP, f"patch {missing} is not applied to {target.engine}")
-        else:
+        result = patch_skip(check, target)
+        if result is None:
             try:
                 result = CheckResult(check.name, PASS, check.run(target))
             except CheckSkipped as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -15,7 +16,8 @@ from toolkit.extras import require
 require("verify", ("httpx", "psutil"), "toolkit verify")
 import httpx  # noqa: E402
 
-from toolkit.verify.checks import ERROR, FAIL, PASS, SKIP, CheckResult, Target, all_checks, missing_patches, run_checks
+from toolkit.verify.checks import (ERROR, FAIL, PASS, SKIP, CheckResult, Target, all_checks, missing_patches,
+                                   run_checks, skips_before_serving)
 
 
 # The `tools` check needs a tool-call parser; Hermes-style <tool_call> markup is the common default.
@@ -138,6 +140,20 @@ def verify(
     applied = set(patch_engine.applied_ids(installed)) if installed else set()
     report = VerifyReport(engine_name, installed.version if installed else "unknown", model, url or "",
                           sorted(applied))
+    if url is None:
+        # Nothing to check without the patches the checks need (unpatched SGLang): say so at once instead of
+        # starting a server (minutes for a large model) that no check would ask anything.
+        install = SimpleNamespace(engine=engine_name, applied_patches=applied)
+        skips = skips_before_serving(install, list(checks) if checks else None, every_check)
+        if skips is not None:
+            report.apply_first = missing_patches(install)
+            report.results = skips
+            for result in skips:
+                if on_result:
+                    on_result(result)
+            say("no check can run on this install: nothing launched")
+            report.seconds = time.monotonic() - started
+            return report
     say("loading the model's tokenizer")
     tokenizer = load_tokenizer(model)
 

@@ -112,19 +112,30 @@ def test_patch_sweep_check_skips_when_the_server_runs_without_patching(vllm_pyth
 
 
 def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_model, shim_env):
+    """Every check needs a patch unpatched SGLang lacks: verify says which, at once, and starts no server
+    (it did until issue 28: a minute of SGLang start-up for checks that all skip; for a large model on a GPU,
+    minutes); the command line says the command to run, and exits 1."""
     from toolkit import patch_status, revert_patch
 
     revert_patch("sglang", python=sglang_python)
     assert {row.state for row in patch_status("sglang", python=sglang_python)} == {"not applied"}
-    report = verify(tiny_model, engine="sglang", python=sglang_python, env=shim_env, timeout=300)
+    seen = []
+    report = verify(tiny_model, engine="sglang", python=sglang_python, env=shim_env, timeout=300, on_result=seen.append)
     assert report.apply_first == ["token-ids"]
     assert report.verdict == "nothing verified" and not report.ok
-    assert all(r.status == "skip" for r in report.results)
+    assert all(r.status == "skip" for r in report.results) and seen == report.results
+    assert {r.name for r in report.results} >= {"nonstream-decode", "input-ids", "multi-turn", "concurrency"}
     assert all("token-ids is not applied" in r.detail for r in report.results
                if r.name not in ("input-ids", "multi-turn", "responses-stream", "patch-sweep"))
     assert all("not available on sglang" in r.detail for r in report.results
                if r.name in ("responses-stream", "patch-sweep"))
-    assert_cleaned_up(report)
+    assert not report.launched and report.server_pids == [] and not report.server_temp_dir
+    proc = subprocess.run([sys.executable, "-m", "toolkit", "verify", "--model", tiny_model, "--python", sglang_python],
+                          capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, **shim_env})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert "apply these patches first: toolkit apply-patch sglang --patch token-ids" in said, said
+    assert "verdict: nothing verified (0 checks ran)" in said and "start-up" not in said, said
 
 
 @pytest.mark.parametrize("venv", SGLANG_ENVS)  # the oldest and the newest release of the line
