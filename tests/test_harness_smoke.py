@@ -232,6 +232,14 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
     assert {schedule_unit(f"{tito}::test_b[0.5.{minor}-plain]") for minor in range(15, 22)} \
         == {"sglang-serving::transformers-5.12.1"}
     assert schedule_unit(f"{splice}::test_e") == splice
+    # the servers of two ranks bound to a CPU each: one unit, never two of them at once
+    for path in ("tests/patches/sglang/test_parallel.py::test_v[--tp]",
+                 "tests/patches/vllm/patch_sweep/test_tensor_parallel.py::test_a[0.33.0]",
+                 "tests/patches/vllm/patch_sweep/test_tensor_parallel.py::test_b[0.32.0-post_block]",
+                 "tests/patches/vllm/patch_sweep/test_data_parallel.py::test_c",
+                 "tests/patches/vllm/patch_sweep/test_pipeline_parallel.py::test_d",
+                 "tests/patches/vllm/patch_sweep/test_ray_executor.py::test_e[2-ray_executor_v2.py]"):
+        assert schedule_unit(path) == "multi-rank-servers", path
 
 
 def test_parallel_workers_share_the_cores_instead_of_each_taking_them_all():

@@ -126,8 +126,6 @@ SPLIT_BY_RELEASE = (
     "tests/verify/test_rl_releases.py",
     # the GPU script's dry run on each engine, 3-4 minutes each
     "tests/patches/vllm/superlinear/test_bench_gpu.py",
-    # tensor-parallel sweep servers of each vLLM line, about 3.5 minutes each
-    "tests/patches/vllm/patch_sweep/test_tensor_parallel.py",
     # the fault suite on each real engine tree, 1-4 minutes each
     "tests/toolkit/test_faults.py",
 )
@@ -152,6 +150,19 @@ MERGED_BY_RELEASE = {
     "tests/patches/vllm/patch_sweep/test_interp.py": "vllm-sweep-server",
     "tests/patches/vllm/patch_sweep/test_server.py": "vllm-sweep-server",
 }
+# Files whose servers run two ranks, each bound to a CPU of its own (fixtures.one_cpu_per_rank): two such servers at
+# once put two ranks on each CPU, each waiting at every collective for a partner that is not running, and both
+# take about twice as long (a TP=2 sweep server's start: 59 s alone, 127-138 s in the CI run where the two TP
+# servers met; SGLang's TP=2 server: 70 s, 118 s where it met another). One unit, so that one worker runs them one
+# after another while the other worker runs the rest.
+MULTI_RANK = (
+    "tests/patches/sglang/test_parallel.py",
+    "tests/patches/vllm/patch_sweep/test_data_parallel.py",
+    "tests/patches/vllm/patch_sweep/test_pipeline_parallel.py",
+    "tests/patches/vllm/patch_sweep/test_ray_executor.py",
+    "tests/patches/vllm/patch_sweep/test_tensor_parallel.py",
+)
+MULTI_RANK_UNIT = "multi-rank-servers"
 SGLANG_GROUP_TRANSFORMERS_OF_023 = "5.19.0"  # an overlay pinning it adds nothing to 0.5.23's venv (scripts/envs.py)
 
 
@@ -170,8 +181,11 @@ def sglang_libraries(release: str) -> str:
 def schedule_unit(nodeid: str) -> str:
     """The unit a worker takes at once: the test's file, or in ``SPLIT_BY_RELEASE`` the file and the
     first release named in the test's parameters, or in ``MERGED_BY_RELEASE`` the shared name and
-    that release (for "sglang-serving": the release's libraries, ``sglang_libraries``)."""
+    that release (for "sglang-serving": the release's libraries, ``sglang_libraries``), or for the
+    ``MULTI_RANK`` files their one unit."""
     path = nodeid.split("::", 1)[0]
+    if path in MULTI_RANK:
+        return MULTI_RANK_UNIT
     if (path in SPLIT_BY_RELEASE or path in MERGED_BY_RELEASE) and nodeid.endswith("]") and "[" in nodeid:
         release = RELEASE.search(nodeid[nodeid.index("["):])
         if release:
@@ -185,7 +199,7 @@ def schedule_unit(nodeid: str) -> str:
 # a server while the other waits. xdist's own order (the most tests first) put the single-test units, a
 # verify run of ~2 minutes each, last.
 # A full run's record, committed for a new machine (units of a second or more, rounded): the clean-clone
-# validation run of 76596e4 on 2026-11-27 (docs/benchmarks.md, "CI with fewer engine starts"). Refresh it
+# validation run of fe052c7 on 2026-11-27 (docs/benchmarks.md, "CI with fewer engine starts, continued"). Refresh it
 # by copying <cache>/test-unit-seconds.json, keeping only the units the suite still has.
 UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
 RECORDED_NAME = "test-unit-seconds.json"  # in the shared cache: tests/harness/phases.py adds each run's
