@@ -30,10 +30,11 @@ SGLang itself from the copy's files as they are in that patch state. A drive wen
 group over the same libraries (the same base venv and the same transformers: ``PrivateSglang.libs_key``;
 six sets for the fifteen groups), each fork with its own group's copy on its path in place of the
 server's, so the ~17 s of importing them is paid once a set instead of once a group; the scheduler
-gives one worker all the groups of a set (tests/harness/workers.py ``SGLANG_LIBRARIES``).
+gives one worker all the groups of a set (tests/harness/workers.py ``sglang_libraries``).
 
 Computed once per process (the first test that asks), kept for the other files; the scheduler gives
-all three files' tests of one release to the same worker (tests/harness/workers.py ``MERGED_BY_RELEASE``).
+the four files' tests of one set of libraries to the same worker (tests/harness/workers.py
+``MERGED_BY_RELEASE``).
 """
 
 from __future__ import annotations
