@@ -202,14 +202,18 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
     splice = "tests/patches/sglang/tito/test_splice.py"
     releases = "tests/patches/sglang/superlinear/test_releases.py"
     sweep = "tests/patches/vllm/patch_sweep/test_server.py"
+
+    def over_023(transformers: str) -> str:  # the unit of the releases over 0.5.23's venv with that transformers
+        return f"sglang-serving::sglang-0.5.23+transformers-{transformers}+tokenizers-0.22.2"
+
     assert releases not in SPLIT_BY_RELEASE and {releases, tito, token_ids, splice, sweep} <= set(MERGED_BY_RELEASE)
     assert schedule_unit("tests/toolkit/test_cli.py::test_exit_codes") == "tests/toolkit/test_cli.py"
     assert schedule_unit("tests/toolkit/test_cli.py::test_x[0.5.9]") == "tests/toolkit/test_cli.py"  # not listed
     # the superlinear drives of a group release run in the group's forks: with its serving tests; a release
     # that is no group's (a post release) goes with the releases over its libraries
     assert schedule_unit(f"{releases}::test_p[0.5.11]") == schedule_unit(f"{tito}::test_t[0.5.11]") \
-        == "sglang-serving::transformers-5.6.0"
-    assert schedule_unit(f"{releases}::test_p[0.5.10.post1]") == "sglang-serving::transformers-5.3.0"
+        == over_023("5.6.0")
+    assert schedule_unit(f"{releases}::test_p[0.5.10.post1]") == over_023("5.3.0")
     assert schedule_unit(f"{releases}::test_d") == releases  # no release: the file's own unit
     # the files sharing a session server per vLLM line: one unit per line, so the server starts once
     assert schedule_unit(f"{sweep}::test_c[0.33.0-block-logitdiff-spans]") == "vllm-sweep-server::0.33.0"
@@ -223,14 +227,14 @@ def test_workers_take_a_file_at_a_time_and_the_listed_files_a_release_at_a_time(
             == "vllm-tito-server::0.32.0"
     # the SGLang serving files share their runs per release (tests/patches/sglang/group_runs.py), and the
     # releases over the same libraries one fork server: one unit per set of libraries
-    assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == "sglang-serving::transformers-5.3.0"
-    assert schedule_unit(f"{tito}::test_b[0.5.10-plain]") == "sglang-serving::transformers-5.3.0"
-    assert schedule_unit(f"{token_ids}::test_c[0.5.10-plain]") == "sglang-serving::transformers-5.3.0"
+    assert schedule_unit(f"{tito}::test_a[0.5.10.post1]") == over_023("5.3.0")
+    assert schedule_unit(f"{tito}::test_b[0.5.10-plain]") == over_023("5.3.0")
+    assert schedule_unit(f"{token_ids}::test_c[0.5.10-plain]") == over_023("5.3.0")
     assert schedule_unit(f"{splice}::test_d[0.5.23-chatml]") == "sglang-serving::sglang-0.5.23"
     assert schedule_unit(f"{token_ids}::test_c[0.5.22-plain]") == "sglang-serving::sglang-0.5.23"  # nothing pinned
     assert schedule_unit(f"{tito}::test_b[0.5.9-plain]") == "sglang-serving::sglang-0.5.9"
     assert {schedule_unit(f"{tito}::test_b[0.5.{minor}-plain]") for minor in range(15, 22)} \
-        == {"sglang-serving::transformers-5.12.1"}
+        == {over_023("5.12.1")}
     assert schedule_unit(f"{splice}::test_e") == splice
     # the servers of two ranks bound to a CPU each: one unit, never two of them at once
     for path in ("tests/patches/sglang/test_parallel.py::test_v[--tp]",

@@ -163,19 +163,19 @@ MULTI_RANK = (
     "tests/patches/vllm/patch_sweep/test_tensor_parallel.py",
 )
 MULTI_RANK_UNIT = "multi-rank-servers"
-SGLANG_GROUP_TRANSFORMERS_OF_023 = "5.19.0"  # an overlay pinning it adds nothing to 0.5.23's venv (scripts/envs.py)
 
 
 def sglang_libraries(release: str) -> str:
     """The set of third-party libraries an SGLang release's venv serves it with (scripts/envs.py): its own
-    venv's (0.5.9, 0.5.23), or 0.5.23's with the transformers its overlay pins. The group runs of one set
+    venv's (0.5.9, 0.5.23), or its overlay's base venv's with the packages the overlay adds over it
+    ("sglang-0.5.23+transformers-5.12.1+tokenizers-0.22.2"; 0.5.22 adds none). The group runs of one set
     share one fork server (tests/patches/sglang/group_runs.py), so one worker takes them all."""
-    from scripts.envs import SGLANG_GROUP_TRANSFORMERS
+    from scripts.envs import OVERLAYS
 
-    transformers = SGLANG_GROUP_TRANSFORMERS.get(release)
-    if transformers is None or transformers == SGLANG_GROUP_TRANSFORMERS_OF_023:
-        return f"sglang-{release if transformers is None else '0.5.23'}"
-    return f"transformers-{transformers}"
+    overlay = OVERLAYS.get(f"sglang-{release}")
+    if overlay is None:
+        return f"sglang-{release}"
+    return "+".join([overlay["base"], *(pin.replace("==", "-") for pin in overlay["extra"])])
 
 
 def schedule_unit(nodeid: str) -> str:

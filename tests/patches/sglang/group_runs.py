@@ -27,8 +27,8 @@ The runs are forks of one interpreter (tests/harness/forks.py) that has imported
 third-party libraries once (torch, transformers, ...: most of an SGLang import); each fork imports
 SGLang itself from the copy's files as they are in that patch state. A drive went from 16-19 s to
 2-3 s (0.5.23, quiet); the group's four from ~88 s of CPU to ~19 s. That interpreter serves every
-group over the same libraries (the same base venv and the same transformers: ``PrivateSglang.libs_key``;
-six sets for the fifteen groups), each fork with its own group's copy on its path in place of the
+group over the same libraries (the same base venv and the same transformers: tests/harness/workers.py
+``sglang_libraries``; six sets for the fifteen groups), each fork with its own group's copy on its path in place of the
 server's, so the ~17 s of importing them is paid once a set instead of once a group; the scheduler
 gives one worker all the groups of a set (tests/harness/workers.py ``sglang_libraries``).
 
@@ -48,6 +48,7 @@ from typing import Callable
 from tests.harness.fixtures import (SGLANG_GROUP_RELEASES, SGLANG_PROVED, ensure_engine_python, ensure_tiny_model,
                                     sglang_env, toolkit_cache_dir)
 from tests.harness.forks import ForkServer
+from tests.harness.workers import sglang_libraries
 from tests.patches.sglang.token_ids.private_sglang import PrivateSglang, private_sglang, sha256s
 
 GROUP_DRIVER = Path(__file__).with_name("group_driver.py")
@@ -108,7 +109,7 @@ def group_runs(version: str, tmp_path_factory) -> GroupRuns:
 
 def _run(version: str, tmp_path_factory) -> GroupRuns:
     copy = private_sglang(ensure_engine_python(f"sglang-{version}"), tmp_path_factory.mktemp(f"sglang-{version}"))
-    python, forks = copy.python, GroupForks(_libraries_fork_server(copy), copy)
+    python, forks = copy.python, GroupForks(_libraries_fork_server(version, copy), copy)
     runs = _run_states(version, python, ensure_tiny_model(), forks)
     if version not in (*SGLANG_PROVED["superlinear-backend"], *SGLANG_PROVED["superlinear-plugin"]):
         return runs
@@ -119,35 +120,36 @@ def _run(version: str, tmp_path_factory) -> GroupRuns:
     return runs
 
 
-_FORK_SERVERS: dict[str, ForkServer] = {}  # libs_key -> this process's fork server of those libraries
+_FORK_SERVERS: dict[str, ForkServer] = {}  # sglang_libraries() -> this process's fork server of those libraries
 
 
-def _libraries_fork_server(copy: PrivateSglang) -> ForkServer:
-    """The fork server of ``copy``'s libraries in this process: started by the first group over them and
-    kept for the next; one of other libraries is closed first (a worker runs the groups of one set
-    together), so at most one is held. A server that died is started again."""
-    forks = _FORK_SERVERS.get(copy.libs_key)
+def _libraries_fork_server(version: str, copy: PrivateSglang) -> ForkServer:
+    """The fork server of ``version``'s libraries in this process: started by the first group over them (with
+    ``copy``'s interpreter of them) and kept for the next; one of other libraries is closed first (a worker
+    runs the groups of one set together), so at most one is held. A server that died is started again."""
+    libraries = sglang_libraries(version)
+    forks = _FORK_SERVERS.get(libraries)
     if forks is not None and forks.process is not None:
         return forks
-    while _FORK_SERVERS:
-        _FORK_SERVERS.popitem()[1].close()
-    forks = ForkServer(copy.libs_python, env=drive_env(), key=f"sglang-libs-{copy.libs_key}",
-                       cache_dir=toolkit_cache_dir())
+    _close_fork_servers()
+    forks = ForkServer(copy.libs_python, env=drive_env(), key=f"sglang-libs-{libraries}", cache_dir=toolkit_cache_dir())
     forks.start()
     atexit.register(forks.close)  # the last one, at the worker's end
-    _FORK_SERVERS[copy.libs_key] = forks
+    _FORK_SERVERS[libraries] = forks
     return forks
+
+
+def _close_fork_servers() -> None:
+    while _FORK_SERVERS:
+        _FORK_SERVERS.popitem()[1].close()
 
 
 def _close_when_its_libraries_are_done(version: str) -> None:
     """Once every group over ``version``'s libraries has run in this process, their fork server goes (so its
     CPU time is counted with these tests, not at the worker's exit)."""
-    from tests.harness.workers import sglang_libraries
-
     libraries = sglang_libraries(version)
     if all(release in _RUNS for release in SGLANG_GROUP_RELEASES if sglang_libraries(release) == libraries):
-        while _FORK_SERVERS:
-            _FORK_SERVERS.popitem()[1].close()
+        _close_fork_servers()
 
 
 @dataclass
@@ -166,7 +168,7 @@ class GroupForks:
         inherited = self.server.env.get("PYTHONPATH")
         pythonpath = self.copy.pythonpath + (f":{inherited}" if inherited else "")
         run = self.server.run(argv, pythonpath=pythonpath, **options)
-        served = (run.result or {}).get("sglang_file") if isinstance(run.result, dict) else None
+        served = run.result.get("sglang_file") if isinstance(run.result, dict) else None
         # group_driver.py says which sglang it imported: this group's copy, never the server's first group's
         assert served is None or served.startswith(self.copy.pythonpath.split(":", 1)[0] + "/"), (served, pythonpath)
         return run

@@ -27,8 +27,6 @@ class PrivateSglang:
     python: str  # the wrapper interpreter: the copy first on its path
     pythonpath: str  # what the wrapper puts before the caller's PYTHONPATH
     libs_python: str  # the same interpreter and libraries without the copy (a fork server's, group_runs.py)
-    libs_pythonpath: str  # what libs_python puts before the caller's PYTHONPATH
-    libs_key: str  # equal for copies over the same interpreter and the same libraries of the overlay
 
 
 def private_install(python: str, root: Path) -> str:
@@ -38,7 +36,7 @@ def private_install(python: str, root: Path) -> str:
 
 
 def private_sglang(python: str, root: Path) -> PrivateSglang:
-    """``private_install``, with the paths and the key of the libraries beside the copy."""
+    """``private_install``, with its path and an interpreter of the same libraries without the copy."""
     # Where its sglang is, and the interpreter behind it: an overlay (scripts/envs.py) is a wrapper
     # putting its site directory (that release's sglang and transformers) before the base venv's.
     site_text, interpreter = subprocess.run(
@@ -60,15 +58,7 @@ def private_sglang(python: str, root: Path) -> PrivateSglang:
         wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{interpreter}" "$@"\n')
         wrapper.chmod(0o755)
         wrappers.append(str(wrapper))
-    # The overlay's own libraries (its transformers, tokenizers: hard links of one install per set of pins,
-    # scripts/envs.py) by name and version; what the sglang wheel installed aside (sglang, and in some
-    # releases a top-level ``tools``), as the copy's path comes first
-    sglang_files = {line.split("/", 1)[0] for record in site.glob("sglang-*.dist-info/RECORD")
-                    for line in record.read_text().splitlines()}
-    libraries = sorted(entry.name for entry in site.iterdir()
-                       if entry.name not in sglang_files and not entry.name.startswith(".")) if overlay else []
-    key = hashlib.sha256("\n".join([interpreter, *libraries]).encode()).hexdigest()[:12]
-    return PrivateSglang(wrappers[0], pythonpath, wrappers[1], libs_pythonpath, key)
+    return PrivateSglang(wrappers[0], pythonpath, wrappers[1])
 
 
 def sha256s(python: str, patch=PATCH) -> dict[str, str]:
