@@ -140,9 +140,12 @@ def verify(
     applied = set(patch_engine.applied_ids(installed)) if installed else set()
     report = VerifyReport(engine_name, installed.version if installed else "unknown", model, url or "",
                           sorted(applied))
+    say("loading the model's tokenizer")
+    tokenizer = load_tokenizer(model)
     if url is None:
         # Nothing to check without the patches the checks need (unpatched SGLang): say so at once instead of
-        # starting a server (minutes for a large model) that no check would ask anything.
+        # starting a server (minutes for a large model) that no check would ask anything. After the tokenizer:
+        # a model that cannot be read is still said first, as when a server is started.
         install = SimpleNamespace(engine=engine_name, applied_patches=applied)
         skips = skips_before_serving(install, list(checks) if checks else None, every_check)
         if skips is not None:
@@ -154,8 +157,6 @@ def verify(
             say("no check can run on this install: nothing launched")
             report.seconds = time.monotonic() - started
             return report
-    say("loading the model's tokenizer")
-    tokenizer = load_tokenizer(model)
 
     def run_against(base_url: str) -> None:
         report.base_url = base_url
