@@ -47,6 +47,24 @@ def greedy_chat(server: EngineServer, model: str, **extra) -> dict:
     return response.json()
 
 
+def scheduler_states(server: EngineServer, samples: int = 20, interval: float = 0.1) -> dict[int, str]:
+    """The state letters (/proc/PID/stat: R running or runnable, S sleeping) of the server's SGLang scheduler
+    processes, sampled ``samples`` times ``interval`` s apart: a scheduler that busy-polls reads R (or, on a
+    busy machine, R while it waits for a CPU) in every sample."""
+    states: dict[int, str] = {}
+    for _ in range(samples):
+        for pid in server.process_tree():
+            try:
+                stat_text = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat_text[stat_text.index("(") + 1:].rsplit(")", 1)
+            if name.startswith("sglang::schedul"):
+                states[pid] = states.get(pid, "") + rest.split()[0]
+        time.sleep(interval)
+    return states
+
+
 def assert_all_gone(pids: list[int], starts: dict[int, int], tmp_dir: Path) -> None:
     alive = [pid for pid in pids if pid_alive(pid, starts.get(pid))]
     assert alive == [], f"server processes left behind: {alive}"

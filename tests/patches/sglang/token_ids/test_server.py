@@ -60,7 +60,7 @@ def serve(python: str, model: str, *, ids: bool, env: dict[str, str] | None = No
     import httpx
     import openai
 
-    from tests.test_harness_smoke import greedy_chat
+    from tests.test_harness_smoke import greedy_chat, scheduler_states
     from toolkit.verify.server import EngineServer
 
     served = Served()
@@ -68,6 +68,7 @@ def serve(python: str, model: str, *, ids: bool, env: dict[str, str] | None = No
         # the harness's own smoke test on a real SGLang server (was tests/test_harness_smoke.py's, a server each)
         served.harness = {"version": server.version, "pid": server.pid, "pids": server.process_tree(),
                           "chat": greedy_chat(server, model, messages=HARNESS_MESSAGES, max_tokens=HARNESS_TOKENS)}
+        served.harness["idle_scheduler_states"] = scheduler_states(server)  # between requests: idle
         for script in SCRIPTS:
             for stream in (False, True):
                 response = httpx.post(f"{server.openai_base_url}/chat/completions",
@@ -262,6 +263,18 @@ def test_the_harness_runs_a_real_sglang_server_and_leaves_nothing_behind(runs):
         assert seen["chat"]["usage"]["prompt_tokens"] == len(local)
         assert seen["chat"]["usage"]["completion_tokens"] == HARNESS_TOKENS
         assert_all_gone(seen["pids"] + list(seen["starts"]), seen["starts"], seen["tmp_dir"])
+
+
+def test_an_idle_sglang_server_leaves_the_cpus_alone(runs):
+    """With no request in flight, the scheduler waits on its sockets (EngineServer's CPU defaults carry
+    ``--sleep-on-idle``): SGLang's default loop polls them without pause and holds a whole CPU for the
+    server's life, which on a 2-core machine halves what everything else gets. Sampled twenty times in
+    2 s, a busy-polling scheduler is never seen asleep."""
+    for served in (runs.unpatched, runs.patched):
+        states = served.harness["idle_scheduler_states"]
+        assert len(states) == 1, states  # one rank: one scheduler
+        for pid, seen in states.items():
+            assert seen.count("S") >= len(seen) // 2, f"scheduler {pid} was running in {seen.count('R')} of {len(seen)} samples: {seen}"
 
 
 def test_revert_restores_the_engine_files(runs):
