@@ -5,7 +5,8 @@ A pytest plugin: it adds up setup, call and teardown of every test under its fol
 terminal summary and, when ``TOOLKIT_PHASES_FILE`` names a file, appends one ``seconds<TAB>phase``
 line per folder to it (``pytest FOLDER`` for the wall time, ``pytest FOLDER (cpu)`` for the CPU time).
 When ``TOOLKIT_DURATIONS_FILE`` names a file, every setup, call or teardown of a second or more is
-appended to it as it ends (``seconds<TAB>when<TAB>nodeid``): where CI's time goes, readable while it runs.
+appended to it as it ends (``seconds<TAB>when<TAB>nodeid<TAB>cpu seconds``): where CI's time goes, readable
+while it runs; on a machine whose cores are all busy, the CPU column is what a test costs the others.
 
 CPU seconds are the test process's own user + system time plus that of its children once they have
 ended and been waited for (``os.times``): engine servers and drivers, which do most of the work, count
@@ -100,13 +101,15 @@ def pytest_runtest_logreport(report) -> None:
     _SECONDS[folder] += report.duration
     unit = schedule_unit(report.nodeid)
     _UNIT_SECONDS[unit] = _UNIT_SECONDS.get(unit, 0.0) + report.duration
+    cpu = None
     for name, value in getattr(report, "user_properties", ()) or ():
         if name == CPU_PROPERTY:
-            _CPU[folder] += float(value)
+            cpu = float(value)
+            _CPU[folder] += cpu
     path = os.environ.get("TOOLKIT_DURATIONS_FILE")
     if path and report.duration >= 1.0 and not os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: the controller  # each slow step as it ends, so a run still going can be read
         with open(path, "a") as handle:
-            handle.write(f"{report.duration:.1f}\t{report.when}\t{report.nodeid}\n")
+            handle.write(f"{report.duration:.1f}\t{report.when}\t{report.nodeid}\t{'' if cpu is None else f'{cpu:.1f}'}\n")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
