@@ -84,6 +84,20 @@ requires_compiler = pytest.mark.skipif(torch is not None and not _has_compiler()
 
 
 @pytest.fixture
+def built_native(monkeypatch):
+    """The compiled kernels on, loaded afresh by this process from the toolkit cache, where scripts/test.sh's
+    setup builds them (scripts/build_kernels.py; run without it, the first test builds them there): a test of
+    their results pays no C++ compile (~3 s each at -O3 here). The process's own state restored after. A test
+    of the build itself takes ``fresh_native``."""
+    from toolkit.kernels.superlinear.gather import native
+
+    monkeypatch.setenv("TOOLKIT_SUPERLINEAR_NATIVE", "1")
+    native.reset()
+    yield
+    native.reset()
+
+
+@pytest.fixture
 def fresh_native(monkeypatch, tmp_path):
     """The compiled kernels built afresh into an empty cache dir; the process's own state restored after."""
     from toolkit.kernels.superlinear.gather import native

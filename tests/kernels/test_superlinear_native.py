@@ -37,7 +37,7 @@ def both_searches(monkeypatch, q1, k, positions, mask, params):
     (1, 10, 2, 300, 128, None, SuperlinearParams(sw_index=4, topk=1)),
     (1, 2, 1, 40, 16, [3], SuperlinearParams(sw_index=3, topk=4)),  # rows with fewer stripes than k
 ])
-def test_native_search_equals_torch_search(monkeypatch, fresh_native, batch, heads, kv_heads, length, dim, pads,
+def test_native_search_equals_torch_search(monkeypatch, built_native, batch, heads, kv_heads, length, dim, pads,
                                            params):
     q1, _, k, _ = make_inputs(batch, heads, kv_heads, length, dim, seed=length + dim)
     mask = None if pads is None else left_padding_mask(batch, length, pads)
@@ -50,7 +50,7 @@ def test_native_search_equals_torch_search(monkeypatch, fresh_native, batch, hea
 
 
 @requires_compiler
-def test_native_search_on_a_chunk_of_a_longer_cache_with_threads(monkeypatch, fresh_native):
+def test_native_search_on_a_chunk_of_a_longer_cache_with_threads(monkeypatch, built_native):
     """Queries at positions 600..1399 of a 1700-key cache (keys after a query never read), the
     kernel split over 2 threads (interleaved query slices)."""
     q1, _, k, _ = make_inputs(1, 8, 2, 1700, 32, seed=5)

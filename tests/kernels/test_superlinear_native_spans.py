@@ -43,7 +43,7 @@ def both_partials(monkeypatch, q2_rows, keys, lo, hi, scale):
     (2, 2, 250, 64, 900, 3, 200, True),  # masked keys inside spans
     (1, 4, 64, 32, 37, 2, 37, False),  # spans reaching the last key of a length that is no multiple of 16
 ])
-def test_native_span_partials_equal_torch(monkeypatch, fresh_native, kv_heads, group, count, dim, key_len, topk,
+def test_native_span_partials_equal_torch(monkeypatch, built_native, kv_heads, group, count, dim, key_len, topk,
                                           longest, masked):
     torch.manual_seed(key_len + dim)
     q = torch.randn(kv_heads, group, count, dim)
@@ -65,7 +65,7 @@ def test_native_span_partials_equal_torch(monkeypatch, fresh_native, kv_heads, g
 
 
 @requires_compiler
-def test_native_span_without_a_real_key_is_empty(fresh_native):
+def test_native_span_without_a_real_key_is_empty(built_native):
     """A span whose keys are all masked is an empty set: lse -inf and output 0, as ``partials`` defines."""
     q = torch.randn(1, 1, 2, 32)
     k, v = torch.randn(1, 50, 32), torch.randn(1, 50, 32)
@@ -83,7 +83,7 @@ def test_native_span_without_a_real_key_is_empty(fresh_native):
 
 
 @requires_compiler
-def test_native_span_partials_with_threads(monkeypatch, fresh_native):
+def test_native_span_partials_with_threads(monkeypatch, built_native):
     """Enough pairs (>= 4096) for the kernel to split the sorted pairs over 2 threads: same result."""
     torch.manual_seed(3)
     q = torch.randn(2, 4, 700, 64)
