@@ -127,8 +127,10 @@ def _states(installed) -> dict[str, str]:
     return {row.patch_id: row.state for row in engine.status(installed)}
 
 
-def _assert_status_true(installed, patches) -> None:
-    for row in engine.status(installed):
+def _assert_status_true(installed, patches) -> dict[str, str]:
+    """Every patch's state is true of its files; returns the states (``_states``, from the same one read)."""
+    rows = engine.status(installed)
+    for row in rows:
         assert row.state in ("applied", "not applied", "partial"), (row.patch_id, row.state, row.detail)
         patch = next((p for p in patches if p.id == row.patch_id), None)
         if patch is None:  # a patch that does not declare this version: never touched
@@ -140,6 +142,7 @@ def _assert_status_true(installed, patches) -> None:
             assert all(marked), (row.patch_id, "applied but a file lacks its marker")
         if row.state == "not applied":
             assert not any(marked), (row.patch_id, "not applied but a file carries its marker")
+    return {row.patch_id: row.state for row in rows}
 
 
 def _temps(site: Path) -> list[Path]:
@@ -189,8 +192,7 @@ class Harness:
         now = _digests(installed, self.relpaths)
         for relpath in self.relpaths:  # whole: original or fully patched, nothing in between
             assert now[relpath] in (self.before[relpath], self.after[relpath]), relpath
-        _assert_status_true(installed, self.patches)
-        states = _states(installed)
+        states = _assert_status_true(installed, self.patches)
         if not raised:
             assert now == self.after and states == self.states_after
         elif all_or_nothing:
@@ -307,6 +309,9 @@ def _report(capsys, what: str, count: int) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # the demo tree: every scenario, every call, every errno, once and for good, and SIGKILL at every call
+# (scripts/test.sh --quick: every other call; CI: every call)
+
+QUICK_STEP = 2 if os.environ.get("TOOLKIT_QUICK") == "1" else 1
 
 DEMO_SCENARIOS = [
     Scenario("apply demo", lambda e: None, lambda e: engine.apply(e, ["demo"])),
@@ -326,9 +331,9 @@ def demo_registry(monkeypatch):
 @pytest.mark.parametrize("scenario", DEMO_SCENARIOS, ids=lambda s: s.name)
 def test_every_failing_call_on_the_demo_tree(scenario, demo_registry, fault_dir, capsys):
     harness = Harness(fault_dir, demo_patches.make_engine_tree, scenario, demo_registry)
-    harness.fail_every_call(Injector(), ERRNOS)
+    harness.fail_every_call(Injector(), ERRNOS, step=QUICK_STEP)
     _report(capsys, f"demo tree, {scenario.name}", harness.count)
-    assert harness.count >= 100
+    assert harness.count >= 100 // QUICK_STEP
 
 
 def _site_with_record(site: Path) -> Path:
@@ -346,24 +351,24 @@ def test_every_failing_call_and_sigkill_during_repair(demo_registry, fault_dir, 
 
     scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
     harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
-    harness.fail_every_call(Injector(), ERRNOS)
-    harness.kill_at_every_call(Injector())
+    harness.fail_every_call(Injector(), ERRNOS, step=QUICK_STEP)
+    harness.kill_at_every_call(Injector(), step=QUICK_STEP)
     _report(capsys, "demo tree, repair", harness.count)
 
 
 @pytest.mark.parametrize("scenario", DEMO_SCENARIOS, ids=lambda s: s.name)
 def test_sigkill_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_dir, capsys):
     harness = Harness(fault_dir, demo_patches.make_engine_tree, scenario, demo_registry)
-    harness.kill_at_every_call(Injector())
+    harness.kill_at_every_call(Injector(), step=QUICK_STEP)
     _report(capsys, f"demo tree, SIGKILL, {scenario.name}", harness.count)
 
 
 @pytest.mark.parametrize("scenario", DEMO_SCENARIOS, ids=lambda s: s.name)
 def test_sigint_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_dir, capsys):
     harness = Harness(fault_dir, demo_patches.make_engine_tree, scenario, demo_registry)
-    harness.interrupt_at_every_call(Injector())
+    harness.interrupt_at_every_call(Injector(), step=QUICK_STEP)
     _report(capsys, f"demo tree, SIGINT, {scenario.name}", harness.count)
-    assert harness.count >= 40
+    assert harness.count >= 40 // QUICK_STEP
 
 
 def test_sigint_at_every_call_during_repair(demo_registry, fault_dir, capsys):
@@ -371,7 +376,7 @@ def test_sigint_at_every_call_during_repair(demo_registry, fault_dir, capsys):
 
     scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
     harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
-    harness.interrupt_at_every_call(Injector())
+    harness.interrupt_at_every_call(Injector(), step=QUICK_STEP)
     _report(capsys, "demo tree, SIGINT, repair", harness.count)
 
 
