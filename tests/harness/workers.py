@@ -199,7 +199,7 @@ def schedule_unit(nodeid: str) -> str:
 # a server while the other waits. xdist's own order (the most tests first) put the single-test units, a
 # verify run of ~2 minutes each, last.
 # A full run's record, committed for a new machine (units of a second or more, rounded): the clean-clone
-# validation run of fe052c7 on 2026-11-27 (docs/benchmarks.md, "CI with fewer engine starts, continued"). Refresh it
+# validation run of e0d0ca4 on 2026-11-27 (docs/benchmarks.md, "CI with SGLang's idle schedulers asleep"). Refresh it
 # by copying <cache>/test-unit-seconds.json, keeping only the units the suite still has.
 UNIT_SECONDS = Path(__file__).with_name("unit_seconds.json")
 RECORDED_NAME = "test-unit-seconds.json"  # in the shared cache: tests/harness/phases.py adds each run's
