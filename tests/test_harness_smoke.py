@@ -47,20 +47,27 @@ def greedy_chat(server: EngineServer, model: str, **extra) -> dict:
     return response.json()
 
 
-def scheduler_states(server: EngineServer, samples: int = 20, interval: float = 0.1) -> dict[int, str]:
-    """The state letters (/proc/PID/stat: R running or runnable, S sleeping) of the server's SGLang scheduler
-    processes, sampled ``samples`` times ``interval`` s apart: a scheduler that busy-polls reads R (or, on a
-    busy machine, R while it waits for a CPU) in every sample."""
-    states: dict[int, str] = {}
+def scheduler_states(server: EngineServer, samples: int = 20, interval: float = 0.1) -> dict[int, list[str]]:
+    """The states (psutil: running, which is also runnable and waiting for a CPU, or sleeping) of the server's
+    SGLang scheduler processes, sampled ``samples`` times ``interval`` s apart: a scheduler that busy-polls is
+    running in every sample."""
+    import psutil
+
+    schedulers = []
+    for pid in server.process_tree():
+        try:
+            process = psutil.Process(pid)
+            if process.name().startswith("sglang::schedul"):
+                schedulers.append(process)
+        except psutil.Error:
+            continue
+    states: dict[int, list[str]] = {process.pid: [] for process in schedulers}
     for _ in range(samples):
-        for pid in server.process_tree():
+        for process in schedulers:
             try:
-                stat_text = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
+                states[process.pid].append(process.status())
+            except psutil.Error:
                 continue
-            name, rest = stat_text[stat_text.index("(") + 1:].rsplit(")", 1)
-            if name.startswith("sglang::schedul"):
-                states[pid] = states.get(pid, "") + rest.split()[0]
         time.sleep(interval)
     return states
 

@@ -32,6 +32,8 @@ from toolkit.state import StateDir
 
 from tests.toolkit import demo_patches
 
+QUICK = os.environ.get("TOOLKIT_QUICK") == "1"  # scripts/test.sh --quick (tests/conftest.py): fewer faulted calls
+
 ERRNOS = (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EIO, errno.EROFS)
 # The primitives of toolkit.fs; its compositions (stage, atomic_write, ...) call these.
 PRIMITIVES = ("read_bytes", "lstat", "listdir", "mkdir", "chmod", "unlink", "rmdir", "replace", "mkstemp",
@@ -311,7 +313,7 @@ def _report(capsys, what: str, count: int) -> None:
 # the demo tree: every scenario, every call, every errno, once and for good, and SIGKILL at every call
 # (scripts/test.sh --quick: every other call; CI: every call)
 
-QUICK_STEP = 2 if os.environ.get("TOOLKIT_QUICK") == "1" else 1
+QUICK_STEP = 2 if QUICK else 1
 
 DEMO_SCENARIOS = [
     Scenario("apply demo", lambda e: None, lambda e: engine.apply(e, ["demo"])),
@@ -456,8 +458,7 @@ def test_every_failing_call_on_a_real_tree(name, package, fault_dir, capsys, mon
     version = name.rsplit("-", 1)[1]
     patches = [p for p in patch_registry.catalog(package).patches if p.supports(version)]
     count = 0
-    quick = os.environ.get("TOOLKIT_QUICK") == "1"  # scripts/test.sh --quick (tests/conftest.py)
-    sample = 7 if quick else 1  # --quick: every 7th call (and the last); CI: every call
+    sample = 7 if QUICK else 1  # --quick: every 7th call (and the last); CI: every call
     for scenario in (Scenario("apply all", lambda e: None, lambda e: engine.apply(e)),
                      Scenario("revert all", lambda e: engine.apply(e), lambda e: engine.revert(e))):
         harness = Harness(fault_dir / scenario.name.replace(" ", "-"), _slim_site(name, package), scenario, patches)

@@ -274,7 +274,7 @@ def test_an_idle_sglang_server_leaves_the_cpus_alone(runs):
         states = served.harness["idle_scheduler_states"]
         assert len(states) == 1, states  # one rank: one scheduler
         for pid, seen in states.items():
-            assert seen.count("S") >= len(seen) // 2, f"scheduler {pid} was running in {seen.count('R')} of {len(seen)} samples: {seen}"
+            assert seen.count("sleeping") >= len(seen) // 2, f"scheduler {pid} asleep in {seen.count('sleeping')} of {len(seen)} samples: {seen}"
 
 
 def test_revert_restores_the_engine_files(runs):
