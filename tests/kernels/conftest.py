@@ -98,15 +98,11 @@ def built_native(monkeypatch):
 
 
 @pytest.fixture
-def fresh_native(monkeypatch, tmp_path):
-    """The compiled kernels built afresh into an empty cache dir; the process's own state restored after."""
-    from toolkit.kernels.superlinear.gather import native
-
+def fresh_native(built_native, monkeypatch, tmp_path):
+    """``built_native`` with an empty cache dir: the kernels built afresh at first use (the kernels load
+    lazily, so the cache dir read then is this one)."""
     monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("TOOLKIT_SUPERLINEAR_NATIVE", "1")
-    native.reset()
-    yield tmp_path
-    native.reset()
+    return tmp_path
 
 
 def two_calls_and_warnings(seed: int, dim: int):
