@@ -73,7 +73,8 @@ def served_model_name(base_url: str, timeout: float = 10.0) -> str:
 
 
 def load_tokenizer(model: str) -> Any:
-    require("verify", ("transformers",), "toolkit verify")
+    # jinja2: transformers renders chat templates with it, yet does not require it
+    require("verify", ("transformers", "jinja2"), "toolkit verify")
     from transformers import AutoTokenizer
 
     if not Path(model).expanduser().exists() and (model.startswith((".", "/", "~")) or model.count("/") > 1):

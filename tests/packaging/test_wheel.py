@@ -72,11 +72,20 @@ def record_paths(site: Path, dist: str) -> set[str]:
 KERNELS_PROBE = "from transformers.utils import is_kernels_available; import kernels, verify; print(is_kernels_available())"
 
 
-def test_beside_hf_kernels_and_pypi_verify_nothing_is_shared_or_lost(wheel, tmp_path):
+# What `toolkit verify` does first with a model: its tokenizer, and the chat template rendered locally (the
+# prompt ids every check compares with the server's). transformers needs jinja2 for the template and does
+# not install it: the verify extra must.
+TEMPLATE_PROBE = ("import sys; from toolkit.verify.run import load_tokenizer; "
+                  "ids = load_tokenizer(sys.argv[1]).apply_chat_template([{'role': 'user', 'content': 'hi'}], "
+                  "add_generation_prompt=True, tokenize=True); print(len(ids))")
+
+
+def test_beside_hf_kernels_and_pypi_verify_nothing_is_shared_or_lost(wheel, tmp_path, tiny_model):
     python = new_venv(tmp_path / "venv")
     checked([python, "-m", "pip", "install", "-q", "kernels==0.17.2", "verify", "transformers"])
     before = checked([python, "-c", KERNELS_PROBE]).stdout.strip()
-    checked([python, "-m", "pip", "install", "-q", wheel])
+    checked([python, "-m", "pip", "install", "-q", f"{wheel}[verify]"])  # as the README says a user installs it
+    assert int(checked([python, "-c", TEMPLATE_PROBE, tiny_model]).stdout.strip()) > 0
     site = site_packages(python)
     ours, kernels, verify = (record_paths(site, d) for d in (DIST, "kernels", "verify"))
     assert not ours & kernels and not ours & verify, sorted((ours & kernels) | (ours & verify))
