@@ -95,12 +95,13 @@ DEV_PYTHON=$("$BOOT_PYTHON" scripts/envs.py --print-python dev)
 DEV_Q=$(printf '%q' "$DEV_PYTHON")
 # Downloads and builds belong here, not inside a test: every release's slim tree for the matrix
 # (tests/conformance/test_every_release.py), the models, the compiled superlinear kernels, the wheel of
-# the out-of-tree example patch (tests/examples; built from a copy, so examples/ gets no build/ folder).
+# every example patch package (tests/examples; built from copies, so examples/ gets no build/ folder).
+# The slim trees are fetched after the example wheels, with the examples registered, so that they also
+# hold the files the examples edit (tests/examples runs `toolkit matrix --offline` on them).
 parallel_phases "${overlays[@]}" \
-    "release slim trees=$DEV_Q scripts/compat_matrix.py --fetch-only --jobs 4" \
+    "release slim trees and example wheels=$DEV_Q scripts/example_wheels.py --fetch-slim --jobs 4" \
     "models=$DEV_Q scripts/make_tiny_model.py --cached >/dev/null && $DEV_Q scripts/make_script_model.py >/dev/null" \
-    "compiled kernels=$DEV_Q scripts/build_kernels.py" \
-    "example wheel=src=\$(mktemp -d) && cp -r examples/clamp_max_tokens \"\$src/\" && $DEV_Q -m pip wheel -q --no-deps --no-build-isolation -w \"\${TOOLKIT_CACHE_DIR:-\$HOME/.cache/toolkit}/example-wheels\" \"\$src/clamp_max_tokens\"; status=\$?; rm -rf \"\$src\"; exit \$status"
+    "compiled kernels=$DEV_Q scripts/build_kernels.py"
 
 set +e
 start=$SECONDS

@@ -25,7 +25,8 @@ def run() -> None:
         from toolkit.cli import main
 
         code = main()
-        sys.stdout.flush()
+        if sys.stdout is not None:  # (None: started with stdout closed, and -q)
+            sys.stdout.flush()
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         code = 130
@@ -34,6 +35,12 @@ def run() -> None:
 
         silence_stdout()
         code = 141
+    except OSError as exc:  # the last flush of what argparse printed (--help > /dev/full)
+        from toolkit.cli_output import StdoutError, silence_stdout
+
+        silence_stdout()
+        sys.stderr.write(f"toolkit: {StdoutError(exc)}\n")
+        code = 1
     finally:  # also after argparse's own exits (--help, --version, a usage error), and for verify
         _ctrl_c_ends_at_once()
     sys.exit(code)
@@ -50,6 +57,12 @@ def _flush() -> None:
 def _stop(signum: int, frame: object) -> None:
     import os
 
+    output = sys.modules.get("toolkit.cli_output")  # loaded: a command is running, maybe with --json
+    if output is not None and getattr(output, "INTERRUPTED", None) is not None:
+        try:  # the one JSON object even now: "interrupted": true and what was committed before
+            output.emit_interrupted()
+        except BaseException:
+            pass
     _flush()
     try:
         if sys.stdout.isatty():

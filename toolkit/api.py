@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import sys
 from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
 from toolkit import engine as _engine
+from toolkit import interrupts
 from toolkit.discovery import InstalledEngine, find_engines, interpreter
 from toolkit.engine import PatchState, Result
 from toolkit.errors import UsageError
@@ -40,8 +42,32 @@ def check_patches_arg(patches: Sequence[str] | None) -> None:
         return
     if isinstance(patches, (str, bytes)):
         raise UsageError(f"patches must be a list of patch ids, not the string {patches!r}")
-    if not patches:
+    try:
+        ids = list(patches)
+    except TypeError:
+        raise UsageError(f"patches must be a list of patch ids, not {patches!r}") from None
+    if not ids:
         raise UsageError("patches=[] names no patch; pass patches=None for every patch")
+    wrong = [pid for pid in ids if not isinstance(pid, str)]
+    if wrong:
+        raise UsageError(f"patches must be a list of patch ids (strings); {wrong[0]!r} is not one")
+
+
+def check_engine_arg(engine: object) -> None:
+    """Before anything looks the engine up (an unhashable value would fail inside, as a TypeError)."""
+    if engine is not None and not isinstance(engine, str):
+        raise UsageError(f"engine must be 'vllm', 'sglang' or None, not {engine!r}")
+
+
+def python_arg(python: object) -> str | None:
+    """``python`` as a path string: a str, an ``os.PathLike`` (``pathlib.Path``) or None (this interpreter)."""
+    if python is None or isinstance(python, str):
+        return python
+    if isinstance(python, os.PathLike):
+        path = os.fspath(python)
+        if isinstance(path, str):
+            return path
+    raise UsageError(f"python must be a path to an interpreter (a str or a pathlib.Path) or None, not {python!r}")
 
 
 def check_lock_timeout(lock_timeout: object) -> float:
@@ -63,27 +89,35 @@ def _no_spinner(installed: InstalledEngine) -> ContextManager[object]:
 
 
 def _each(verb: Callable[..., Result], selection: Selection, python: str | None, python_option: str,
-          around: Around, options: dict) -> list[Result]:
+          around: Around, options: dict, on_result: Callable[[Result], None] | None = None) -> list[Result]:
     results = []
     for installed in installed_engines(selection, python, python_option=python_option):
-        with around(installed):
-            results.append(verb(installed, selection.named(installed.engine),
-                                catalog=selection.catalog(installed.engine), **options))
+        # A signal after an engine's commit is delivered once ``on_result`` has recorded it (the CLI's
+        # --json then reports that engine as committed); before the commit it stops the write at once.
+        with interrupts.deferred():
+            with around(installed):
+                results.append(verb(installed, selection.named(installed.engine),
+                                    catalog=selection.catalog(installed.engine), **options))
+            if on_result is not None:
+                on_result(results[-1])
     return results
 
 
 def apply_each(selection: Selection, python: str | None = None, *, python_option: str = "python=PATH",
-               around: Around = _no_spinner, **options: object) -> list[Result]:
+               around: Around = _no_spinner, on_result: Callable[[Result], None] | None = None,
+               **options: object) -> list[Result]:
     """Apply ``selection`` to each installed engine it is about (``options``: :func:`toolkit.engine.apply`'s
-    force, dry_run, allow_unknown_version, allow_editable, lock_timeout); one :class:`Result` per engine."""
-    return _each(_engine.apply, selection, python, python_option, around, options)
+    force, dry_run, allow_unknown_version, allow_editable, lock_timeout); one :class:`Result` per engine,
+    each also handed to ``on_result`` as soon as it is committed."""
+    return _each(_engine.apply, selection, python, python_option, around, options, on_result)
 
 
 def revert_each(selection: Selection, python: str | None = None, *, python_option: str = "python=PATH",
-                around: Around = _no_spinner, **options: object) -> list[Result]:
+                around: Around = _no_spinner, on_result: Callable[[Result], None] | None = None,
+                **options: object) -> list[Result]:
     """Revert ``selection`` (no patch named: every patch) on each installed engine it is about
-    (``options``: :func:`toolkit.engine.revert`'s force, dry_run, lock_timeout)."""
-    return _each(_engine.revert, selection, python, python_option, around, options)
+    (``options``: :func:`toolkit.engine.revert`'s force, dry_run, lock_timeout; ``on_result`` as above)."""
+    return _each(_engine.revert, selection, python, python_option, around, options, on_result)
 
 
 def apply_patch(
@@ -102,7 +136,9 @@ def apply_patch(
     any failure, in which case nothing was written; :class:`toolkit.errors.UsageError` (a PatchError)
     when no engine it is about is installed, for ``patches=[]`` or a bad ``lock_timeout``.
     """
+    check_engine_arg(engine)
     check_patches_arg(patches)
+    python = python_arg(python)
     lock_timeout = check_lock_timeout(lock_timeout)
     results = apply_each(select(engine, patches), python, allow_unknown_version=allow_unknown_version,
                          allow_editable=allow_editable, force=force, lock_timeout=lock_timeout)
@@ -119,7 +155,9 @@ def revert_patch(
 ) -> bool:
     """Revert patches (default: all) byte-for-byte. True when files changed. With ``force``, files
     changed since they were patched are overwritten too, but only those the named patches edit."""
+    check_engine_arg(engine)
     check_patches_arg(patches)
+    python = python_arg(python)
     lock_timeout = check_lock_timeout(lock_timeout)
     results = revert_each(select(engine, patches), python, force=force, lock_timeout=lock_timeout)
     return any(result.changed for result in results)
@@ -127,7 +165,8 @@ def revert_patch(
 
 def patch_status(engine: str | None = None, python: str | None = None) -> list[PatchState]:
     """One row per installed engine and patch: ``not applied``, ``applied``, ``partial`` or ``drifted``."""
-    return [row for _, rows in status_each(select(engine), python) for row in rows]
+    check_engine_arg(engine)
+    return [row for _, rows in status_each(select(engine), python_arg(python)) for row in rows]
 
 
 def status_each(selection: Selection, python: str | None) -> list[tuple[InstalledEngine, list[PatchState]]]:
@@ -149,6 +188,8 @@ def repair_engines(
     from toolkit.discovery import site_dirs
     from toolkit.repair import RepairResult, orphan_states, repair
 
+    check_engine_arg(engine)
+    python = python_arg(python)
     selection = select(engine)
     lock_timeout = check_lock_timeout(lock_timeout)
     installed = find_engines(python)

@@ -17,7 +17,6 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from rich.console import Console
-from rich.markup import escape
 
 from toolkit import api
 from toolkit import cli_output as out
@@ -183,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("check", help="would each patch apply to a source tree or wheel (porting tool)")
     p.add_argument("--source", required=True, metavar="PATH", help="a .whl file or an unpacked tree")
+    p.add_argument("--release", metavar="DIST==VERSION",
+                   help="the release of a folder without dist-info metadata (a source checkout, a copied package)")
     p.add_argument("--patch", action="append", dest="patches", metavar="ID",
                    help="check only this patch, whatever versions it declares (repeatable; default: the patches "
                         "that declare this version, or all of the engine's when none does)")
@@ -237,7 +238,7 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
 
     selection = select(args.engine, args.patches)
     options = dict(force=args.force, dry_run=args.dry_run, lock_timeout=args.lock_timeout,
-                   python_option=PYTHON_OPTION, around=spinner)
+                   python_option=PYTHON_OPTION, around=spinner, on_result=out.record_committed(args.diff))
     if reverting:
         results = revert_each(selection, args.python, **options)
     else:
@@ -245,15 +246,7 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
                              allow_editable=args.allow_editable, **options)
     rows = [(result.engine, result, result.skipped) for result in results]
     if args.json:
-        entries = []
-        for installed, result, skipped in rows:
-            entry = {**out.engine_json(installed), "applied_patches": result.patches,
-                     "changed_files": result.changed_files, "dry_run": result.dry_run, "unchanged": not result.changed,
-                     "skipped_patches": skipped}
-            if args.diff:
-                entry["diff"] = result.diff()
-            entries.append(entry)
-        out.emit_json(True, engines=entries)
+        out.emit_json(True, engines=[out.apply_json(result, args.diff) for result in results])
         return 0
     out.print_apply(console, rows, reverting=reverting, diff=args.diff, verbose=args.verbose)
     return 0
@@ -319,14 +312,13 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    source = load_source(args.source)
+    from toolkit.releases import parse_release  # the DIST==VERSION of matrix --release, same words
+
+    source = load_source(args.source, parse_release(args.release) if args.release else None)
     checks = _engine.check_source(source, args.patches)
     ok = all(c.ok for c in checks)
     if args.json:
-        out.emit_json(ok, source=str(source.origin), engine=source.engine, distribution=source.distribution,
-                      version=source.version,
-                      patches=[{"patch": c.patch_id, "supported_version": c.supported, "ok": c.ok, "errors": c.errors,
-                                "anchors": [asdict(a) for a in c.anchors]} for c in checks])
+        out.emit_json(ok, **out.check_json(source, checks))
     else:
         out.print_check(console, source, checks, args.verbose)
     return 0 if ok else 1
@@ -405,8 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_errors = "--json" in argv
     args = build_parser().parse_args(argv)
-    console = Console(stderr=False, quiet=args.quiet)
     errors = Console(stderr=True)
+    if out.stdout_closed() and (args.json or not args.quiet):  # `toolkit revert >&-`: refuse before acting
+        errors.print("toolkit: stdout is closed, so what this command says would be lost; nothing was done "
+                     "(-q runs it without output)", markup=False, highlight=False, soft_wrap=True)
+        return 141
+    console = out.stdout_console(args.quiet)
+    out.INTERRUPTED = {} if args.json else None
     try:
         if getattr(args, "python", None) is not None and getattr(args, "ray", None) is None:
             # (with --ray each node reads the path on its own disk)
@@ -416,34 +413,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         out.silence_stdout()
         return 141
     except UsageError as exc:
-        _report(args, errors, exc, "usage")
+        out.report_error(args.json, errors, exc, "usage")
         return 2
     except PatchError as exc:
-        _report(args, errors, exc, "drift" if isinstance(exc, DriftError) else "error")
+        out.report_error(args.json, errors, exc, "drift" if isinstance(exc, DriftError) else "error")
         return 1
     except RegistryError as exc:  # another installed package's patch entry point: not our bug, theirs to fix
-        _report(args, errors, exc, "error")
+        out.report_error(args.json, errors, exc, "error")
         return 1
     except KeyboardInterrupt:
-        errors.print("interrupted")
+        if out.INTERRUPTED is None:
+            errors.print("interrupted")
+        else:  # --json: still the one object, saying what was committed before the signal
+            with contextlib.suppress(OSError, out.StdoutError):
+                out.emit_interrupted()
         return 130
+    except out.StdoutError as exc:  # `--json > /dev/full`: the command ran, its report could not be written
+        out.report_error(False, errors, exc, "error")
+        return 1
     except OSError as exc:  # a file-system error outside the patch engine's own handling
-        _report(args, errors, io_error(exc, "cannot access"), "error")
+        out.report_error(args.json, errors, io_error(exc, "cannot access"), "error")
         return 1
     except Exception as exc:  # a bug: still one sentence, the traceback only on request
         if os.environ.get("TOOLKIT_DEBUG", "").strip().lower() in DEBUG_ON:
             raise
-        _report(args, errors, PatchError(f"internal error ({type(exc).__name__}: {exc}); please report it, "
-                                         "TOOLKIT_DEBUG=1 shows the traceback"), "internal")
+        out.report_error(args.json, errors, PatchError(f"internal error ({type(exc).__name__}: {exc}); please "
+                                                       "report it, TOOLKIT_DEBUG=1 shows the traceback"), "internal")
         return 1
-
-
-def _report(args: argparse.Namespace, errors: Console, exc: Exception, kind: str) -> None:
-    if getattr(args, "json", False):
-        extra = {"files": exc.files} if isinstance(exc, DriftError) else {}
-        out.emit_json(False, error=str(exc), kind=kind, **extra)
-    else:
-        errors.print(f"[red]toolkit: {escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
 
 
 if __name__ == "__main__":

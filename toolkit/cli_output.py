@@ -6,10 +6,12 @@ Every ``--json`` output is one object carrying ``"schema": 1`` and ``"ok"`` (err
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
-from typing import Any, Sequence
+from dataclasses import asdict
+from typing import Any, Callable, Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,9 +25,130 @@ STATE_STYLE = {"applied": "green", "not applied": "dim", "not needed": "dim", "p
 SHOWN_FILES = 5  # files listed per engine without -v
 
 
+# Into a pipe or a file a table row is one line, however long: no id, path, anchor or detail is ever
+# cut ("v1/core/s…") or wrapped mid-word at an 80-column default, so grep and cut see each value whole.
+PIPE_WIDTH = 100_000
+
+
+def stdout_console(quiet: bool = False) -> Console:
+    """What the commands print to: on a terminal rich fits each table to the window (wrapping, never
+    cutting an id); anywhere else each table row is one line (see PIPE_WIDTH; ``--json`` stays the
+    machine form)."""
+    try:
+        terminal = sys.stdout.isatty()
+    except (ValueError, AttributeError):  # closed, or no real file behind it
+        terminal = False
+    return OutputConsole(file=StdoutFile(sys.stdout), quiet=quiet, width=None if terminal else PIPE_WIDTH)
+
+
+class StdoutError(Exception):
+    """stdout refused what a command printed (a full disk, ``/dev/full``, an I/O error), which is not
+    a reader closing the pipe early (that stays BrokenPipeError: exit 141)."""
+
+    def __init__(self, exc: OSError) -> None:
+        from toolkit.errors import errno_name
+
+        code = f" ({errno_name(exc.errno)})" if exc.errno else ""
+        super().__init__(f"cannot write to stdout: {exc.strerror or exc}{code}; what the command did is done, "
+                         "only its report is lost (`toolkit status` shows the state)")
+
+
+class StdoutFile:
+    """The stream the commands print to (bound once: rich's live display swaps ``sys.stdout`` out),
+    telling a failed write apart from the command's own errors."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc) from None
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding...: the stream's own
+        return getattr(self._stream, name)
+
+
+class OutputConsole(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own handler exits 1; a reader that closed the pipe is exit 141, as with ``--json``."""
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "stdout closed early")
+
+
+def stdout_closed() -> bool:
+    """Whether the command was started with stdout closed (``toolkit revert >&-``)."""
+    stream = sys.stdout
+    if stream is None or getattr(stream, "closed", False):
+        return True
+    try:
+        os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError) as exc:  # no real file behind it (a test's capture) is open
+        return getattr(exc, "errno", None) == errno.EBADF
+    return False
+
+
+# What a --json command has committed so far: the fields of the one object printed if a signal ends it
+# (``None``: not --json, or its object is out already).
+INTERRUPTED: dict[str, Any] | None = None
+
+
+def record_committed(diff: bool) -> Callable[[Any], None]:
+    """apply-patch's and revert's ``on_result``: each engine's ``--json`` entry as soon as it is
+    committed, for :func:`emit_interrupted`."""
+    if INTERRUPTED is not None:
+        INTERRUPTED["engines"] = []
+
+    def record(result: Any) -> None:
+        if INTERRUPTED is not None:
+            INTERRUPTED.setdefault("engines", []).append(apply_json(result, diff))
+
+    return record
+
+
+def emit_interrupted() -> None:
+    """The one ``--json`` object of a command ended by Ctrl-C or SIGTERM: ``"interrupted": true`` and
+    what it committed before (apply-patch, revert: ``engines``, each written whole)."""
+    fields = INTERRUPTED or {}
+    committed = " (the engines listed were committed whole; nothing else was written)" if "engines" in fields else ""
+    emit_json(False, error=f"interrupted{committed}", kind="interrupted", interrupted=True, **fields)
+
+
+def report_error(json_on: bool, errors: Console, exc: Exception, kind: str) -> None:
+    """A failed command's one sentence: a JSON object on stdout with --json (on stderr if stdout fails)."""
+    from toolkit.errors import DriftError
+
+    if json_on:
+        extra = {"files": exc.files} if isinstance(exc, DriftError) else {}
+        try:
+            emit_json(False, error=str(exc), kind=kind, **extra)
+            return
+        except (StdoutError, BrokenPipeError):
+            pass
+    errors.print(f"[red]toolkit: {escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
+
+
 def emit_json(ok: bool, **fields: Any) -> None:
-    """One JSON object on stdout: ``{"schema": 1, "ok": ..., **fields}``."""
-    print(json.dumps({"schema": JSON_SCHEMA, "ok": ok, **fields}, indent=2))
+    """One JSON object on stdout: ``{"schema": 1, "ok": ..., **fields}``, flushed (a write error is a
+    :class:`StdoutError` here, not a traceback at exit)."""
+    global INTERRUPTED
+    text = json.dumps({"schema": JSON_SCHEMA, "ok": ok, **fields}, indent=2) + "\n"
+    INTERRUPTED = None  # one object per run: a signal from here on prints no second one
+    if sys.stdout is None:  # started with stdout closed
+        raise BrokenPipeError(errno.EPIPE, "stdout is closed")
+    StdoutFile(sys.stdout).write(text)
+    StdoutFile(sys.stdout).flush()
 
 
 def silence_stdout() -> None:
@@ -52,7 +175,7 @@ def print_list(console: Console, patches: Sequence[Any], verbose: bool) -> None:
     table = Table(title="toolkit patches")
     id_column(table, [p.id for p in patches])
     for column in ("engine", "versions", "files", "summary") + (("runtime modules", "not needed on") if verbose else ()):
-        table.add_column(column, no_wrap=column in ("engine", "versions"))
+        table.add_column(column, no_wrap=column in ("engine", "versions"), overflow="fold")  # fold a path, never cut it
     for p in patches:
         extra = ("\n".join(p.runtime_modules), " ".join(filter(None, p.not_needed))) if verbose else ()
         files = "\n".join(f.relpath + (f" ({f.versions})" if f.versions else "") for f in p.files)  # range: where edited
@@ -78,14 +201,15 @@ def print_status(console: Console, rows: Sequence[Any], notes: dict[tuple[str, s
     table.add_column("version")
     id_column(table, [row.patch_id for row in rows])
     table.add_column("state", no_wrap=True)
-    table.add_column("detail")
+    table.add_column("detail", overflow="fold")
     for row in rows:
         state, detail = str(row.state), row.detail
         not_needed = notes.get((row.engine, row.patch_id), "")
         if not_needed:
             state, detail = "not needed", not_needed
-        elif not row.supported:
-            detail = (detail + " " if detail else "") + "(version not proved; --allow-unknown-version tries it)"
+        elif not row.supported and row.state != "drifted":  # a drifted row's detail says what to run
+            tries = "; --allow-unknown-version tries it" if row.state == "not applied" else ""
+            detail = (detail + " " if detail else "") + f"(version not proved{tries})"
         if verbose and row.files:
             detail = "\n".join([detail] * bool(detail) + [f"{relpath}: {s}" for relpath, s in sorted(row.files.items())])
         style = STATE_STYLE.get(state, "default")
@@ -121,6 +245,17 @@ def skipped_line(installed: InstalledEngine, skipped: Sequence[dict[str, str]]) 
     return lines
 
 
+def apply_json(result: Any, diff: bool) -> dict[str, Any]:
+    """An engine's entry in apply-patch's and revert's ``--json``: ``applied_patches`` are those applied
+    afterwards, ``newly_applied`` those this run applied (dry run: would apply)."""
+    entry = {**engine_json(result.engine), "applied_patches": result.patches, "newly_applied": result.newly_applied,
+             "changed_files": result.changed_files, "dry_run": result.dry_run, "unchanged": not result.changed,
+             "skipped_patches": result.skipped}
+    if diff:
+        entry["diff"] = result.diff()
+    return entry
+
+
 def print_apply(console: Console, rows: Sequence[tuple[InstalledEngine, Any, list]], *, reverting: bool,
                 diff: bool, verbose: bool) -> None:
     for installed, result, skipped in rows:
@@ -136,7 +271,13 @@ def print_apply(console: Console, rows: Sequence[tuple[InstalledEngine, Any, lis
         elif reverting:
             line = f"reverted, changed {len(result.changed)} file(s); still applied: {applied}"
         else:
-            line = f"changed {len(result.changed)} file(s); applied now: {applied}"
+            # "applied now" names only what this run applied; a patch applied before is named as such
+            already = ", ".join(p for p in result.patches if p not in result.newly_applied)
+            if result.newly_applied:
+                line = (f"changed {len(result.changed)} file(s); applied now: {', '.join(result.newly_applied)}"
+                        + (f" (already applied: {already})" if already else ""))
+            else:  # its files were not as patched (reinstalled, or --force over drift): written again
+                line = f"changed {len(result.changed)} file(s); patched again: {already} (applied before)"
         console.print(f"{name}: {line}", markup=False, highlight=False)
         if verbose:
             console.print(f"  {installed.package_dir} (python {installed.python})", markup=False, highlight=False)
@@ -166,11 +307,19 @@ def print_repair(console: Console, results: Sequence[Any], nothing: str, verbose
             console.print(f"  {relpath}: not in pip's RECORD, left as it is", markup=False, highlight=False)
 
 
+def check_json(source: Any, checks: Sequence[Any]) -> dict[str, Any]:
+    """``check``'s ``--json`` fields: the source, and per patch its verdict, errors and anchors."""
+    return dict(source=str(source.origin), engine=source.engine, distribution=source.distribution,
+                version=source.version,
+                patches=[{"patch": c.patch_id, "supported_version": c.supported, "ok": c.ok, "errors": c.errors,
+                          "anchors": [asdict(a) for a in c.anchors]} for c in checks])
+
+
 def print_check(console: Console, source: Any, checks: Sequence[Any], verbose: bool) -> None:
     table = Table(title=escape(f"{source.distribution} {source.version}: {source.origin}"))
     id_column(table, [c.patch_id for c in checks])
     for column in ("file", "anchor", "result"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for check in checks:
         for anchor in check.anchors:
             result = "[green]found[/green]" if anchor.ok else f"[red]{escape(anchor.problem)}[/red]"

@@ -45,6 +45,8 @@ def self_call(*names: str) -> m.Call:
 
 
 def has_params(function: cst.FunctionDef, *names: str) -> bool:
+    """Whether ``function`` takes every one of ``names`` as a positional(-or-keyword) parameter: how
+    a codemod tells two shapes of one function apart (a parameter a release added)."""
     params = {param.name.value for param in (*function.params.posonly_params, *function.params.params)}
     return all(name in params for name in names)
 
@@ -86,7 +88,10 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
     ``m.call_if_inside``). A transformer that sets ``RUNTIME`` (the patch's package, e.g.
     ``"toolkit.patches.sglang.token_ids"``) gets the runtime import written once, by one rule: right
     after the module's first import that is not ``from __future__``, as ``RUNTIME_ALIAS``, with its own
-    anchor ``runtime-import``. Set it on exactly one transformer per file.
+    anchor ``runtime-import``. Set it on exactly one transformer per file that calls a runtime; a pure
+    code fix (the edit is plain engine code) sets it on none, and its patch declares no
+    ``runtime_modules``. ``INSIDE`` (``{class: methods}``, ``{MODULE: functions}`` for module-level
+    ones) limits the pass to where the edits are.
     """
 
     ANCHORS: ClassVar[Mapping[str, str]] = {}
@@ -136,6 +141,7 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
         return f"# toolkit:{self.context.patch_id}"
 
     def hit(self, anchor: str) -> None:
+        """Record that ``anchor`` (a key of ``ANCHORS``) matched; KeyError for an undeclared one."""
         if anchor not in self.anchors:
             raise KeyError(f"{type(self).__name__} records undeclared anchor {anchor!r}")
         self.hits[anchor] += 1
@@ -172,6 +178,7 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
         return cst.parse_statement(f"{first}  {self.marker}\n")
 
     def marker_comment(self, existing: cst.Comment | None = None) -> cst.Comment:
+        """The marker as a comment node; ``existing`` (a comment already there) kept after it."""
         return cst.Comment(self.marker if existing is None else f"{self.marker}  {existing.value}")
 
     def marked_line(self, line: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
@@ -187,6 +194,7 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
             whitespace=cst.SimpleWhitespace("  "), comment=self.marker_comment(header.comment)))
 
     def marked_decorator(self, code: str) -> cst.Decorator:
+        """``@code`` as a decorator whose line carries the marker."""
         return cst.Decorator(
             decorator=cst.parse_expression(code),
             trailing_whitespace=cst.TrailingWhitespace(whitespace=cst.SimpleWhitespace("  "),

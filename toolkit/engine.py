@@ -21,7 +21,8 @@ from toolkit.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.journal import FileChange, clear_orphans, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in  # noqa: F401
-from toolkit.plan import Plan, check_install, check_versions, engine_file, make_plan, stale_manifest
+from toolkit.plan import (Plan, check_install, check_versions, edited_files, engine_file, make_plan, refuse_links,
+                          stale_manifest)
 from toolkit.state import Manifest, StateDir
 from toolkit.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
                             RUNTIME_MISSING, PatchState, PatchStateName)
@@ -41,6 +42,12 @@ class Result:
     dry_run: bool = False
     # the engine's patches an apply of "every patch" left out, and why ({"patch", "reason", "detail"})
     skipped: list[dict[str, str]] = field(default_factory=list)
+    applied_before: list[str] = field(default_factory=list)  # the patches applied when the run began
+
+    @property
+    def newly_applied(self) -> list[str]:
+        """The patches this run applied (with dry_run: would apply), not those it found applied."""
+        return [p for p in self.patches if p not in self.applied_before]
 
     @property
     def changed_files(self) -> list[str]:
@@ -72,6 +79,7 @@ def reconcile(
     remove_ids = None if remove is None else [p.id for p in remove]
     state = StateDir(engine.site_dir, engine.engine)
     try:
+        refuse_links(engine, edited_files(engine, catalog))  # before the lock: a refusal writes nothing at all
         if dry_run:  # a dry run writes nothing at all, not even the lock file
             return _reconcile_locked(engine, catalog, state, add_ids, remove_ids, force, True)
         with state.lock(lock_timeout):
@@ -91,7 +99,8 @@ def _reconcile_locked(
     plan = make_plan(engine, catalog, state, old_raw, manifest, add, remove, force)
     if not dry_run:
         carry_out(state, plan)
-    return Result(engine, plan.target_ids, plan.changes, dry_run)
+    before = list(manifest.patches) if manifest is not None and not stale_manifest(engine, manifest) else []
+    return Result(engine, plan.target_ids, plan.changes, dry_run, applied_before=before)
 
 
 def carry_out(state: StateDir, plan: Plan) -> None:

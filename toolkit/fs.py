@@ -32,8 +32,9 @@ def listdir(path: Path) -> list[str]:
 
 
 def mkdir(path: Path, mode: int) -> None:
-    """One directory, with exactly ``mode`` whatever the umask (chmod is not masked)."""
-    os.mkdir(path)
+    """One directory, with exactly ``mode`` whatever the umask (chmod is not masked); never writable by
+    others in between, even under umask 0 (created 0700 at most, then given ``mode``)."""
+    os.mkdir(path, 0o700)
     os.chmod(path, mode)
 
 
@@ -165,6 +166,27 @@ def file_mode(path: Path) -> int | None:
         return lstat(path).st_mode & 0o7777
     except FileNotFoundError:
         return None
+
+
+def first_link(base: Path | str, path: Path | str) -> str | None:
+    """The first symbolic link on the way from ``base`` (itself not looked at) down to ``path`` (itself
+    included), or None; the walk stops at the first part that does not exist."""
+    # On strings, not pathlib: called for every file an apply or revert touches.
+    root, target = os.fspath(base), os.fspath(path)
+    if target != root and not target.startswith(root.rstrip(os.sep) + os.sep):
+        raise ValueError(f"{target!r} is not under {root!r}")  # as Path.relative_to says it
+    current = root
+    for part in target[len(root):].split(os.sep):
+        if not part:
+            continue
+        current = os.path.join(current, part)
+        try:
+            info = lstat(current)
+        except FileNotFoundError:
+            return None
+        if _stat.S_ISLNK(info.st_mode):
+            return current
+    return None
 
 
 def remove_tree(path: Path) -> None:

@@ -6,12 +6,24 @@ Every codemod imports its runtime with one module-level line::
     from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
 
 After all patches have rewritten a file, :func:`guard_runtime_imports` wraps each such line in a
-``try``. When ``toolkit`` cannot be imported there, the ``except`` branch runs the release's own
-file (the backup under ``.toolkit-state``, found by a path relative to the patched file) as the module
-in its place (``sys.modules``), logs one warning per process naming the command that puts the
+``try``. When the import fails, the ``except`` branch first looks at what ``toolkit`` the process got:
+
+- a folder of the working directory (``python -m`` and ``python script.py`` put it, or the script's
+  folder, first on ``sys.path``; a checkout of this repository has a ``toolkit/`` without ``patches/``)
+  that only this import brought in: its modules leave ``sys.modules`` and the runtime is imported from
+  the installed package, with ``sys.path`` minus those folders, and one warning names the folder;
+- such a folder that code of the process imported before the engine: the patches cannot load (one
+  ``toolkit`` per process), and it says so as an error, naming the folder and what to do;
+- an installed ``toolkit`` without this runtime (another version): an error too.
+
+Otherwise (``toolkit`` not importable at all: ``pip uninstall`` without a revert) it runs the release's
+own file (the backup under ``.toolkit-state``, found by a path relative to the patched file) as the
+module in its place (``sys.modules``), logs one warning per process naming the command that puts the
 release's files back, and binds the runtime name to a stand-in so the rest of the patched file can
-finish executing; nothing of it is used. An import error of anything other than ``toolkit`` is
-raised as it was. Another distribution's patch imports its own runtime
+finish executing; nothing of it is used. With ``TOOLKIT_EXPECT_PATCHES`` set (any value: the patches
+are expected, docs/scale.md#ray), every case that would run the release raises one ImportError
+sentence instead, so the engine refuses to start. An import error of anything other than ``toolkit``
+is raised as it was. Another distribution's patch imports its own runtime
 (``from my_patch import runtime as _my_patch  # toolkit:my-patch``): the same guard, with its
 package as the owner whose absence it forgives.
 """
@@ -29,14 +41,22 @@ from toolkit.version import __version__
 HELPER = "_toolkit_release"
 
 # Written once per file, before its first guarded import. Plain stdlib code: it runs inside the
-# engine when this project is gone, so it can rely on nothing of it.
+# engine when this project is gone or shadowed, so it can rely on nothing of it. ``_loaded`` (evaluated
+# when the ``def`` runs, just before the file's first guarded import; a copy, which another thread's
+# import cannot change under it) tells a ``toolkit`` that code of the process imported from the working
+# directory before the engine from one that this failed import brought in.
 _HELPER_TEMPLATE = '''
-def {helper}(missing, backup, owner="toolkit"):
-    """serving-toolkit (or the patch package ``owner``) patched this file and is not importable now: run
-    the release's own file (the backup the patch kept) as this module instead, warn once, and return a
-    stand-in for the runtime."""
+def {helper}(missing, backup, package="toolkit", _loaded=frozenset(__import__("sys").modules.copy())):
+    """The runtime import of ``package`` (serving-toolkit's, or another patch package's) failed in
+    this patched file. When a folder of the working directory shadows the installed package (``python -m``
+    puts it first on sys.path), import the runtime from the installed one and return it. Otherwise run
+    the release's own file (the backup the patch kept) as this module instead, say why (an error where
+    the install has the package but it cannot load), and return a stand-in for the runtime; with
+    TOOLKIT_EXPECT_PATCHES set, refuse instead (ImportError)."""
     import logging, os, sys, types
-    if (missing.name or "").partition(".")[0] not in ("toolkit", owner):
+    owner = package.partition(".")[0]
+    top = (missing.name or "").partition(".")[0]
+    if top not in ("toolkit", owner):
         raise missing
 
     class Unused:  # the runtime's stand-in while the rest of the patched file runs; nothing calls it later
@@ -51,6 +71,63 @@ def {helper}(missing, backup, owner="toolkit"):
 
     if getattr(sys.modules.get(__name__), "__toolkit_release__", False):
         return Unused()  # a second guarded import: the release's file runs already
+    title = "serving-toolkit" if top == "toolkit" else top
+    logger = logging.getLogger("toolkit")
+
+    def say(text, loud):  # once per process: every patched file of the engine has this same story
+        if getattr(sys, "_toolkit_release_warned", False):
+            return
+        sys._toolkit_release_warned = True
+        if not loud:
+            logger.warning(text)
+            return
+        if logger.hasHandlers():
+            logger.error(text)
+        print(f"ERROR serving-toolkit: {{text}}", file=sys.stderr, flush=True)
+
+    def drop():  # the modules of ``top`` a failed import left behind
+        for key in [key for key in list(sys.modules) if key == top or key.startswith(top + ".")]:
+            del sys.modules[key]
+
+    here = {{os.path.realpath(os.curdir)}}  # the working directory ("" on sys.path) and the script's folder
+    script = sys.argv[0] if sys.argv and isinstance(sys.argv[0], str) else ""
+    if os.path.isfile(script):
+        here.add(os.path.dirname(os.path.realpath(script)))
+    fix = f"`pip install serving-toolkit=={version} && toolkit revert {engine}`; or reinstall {engine}"
+    why, loud = f"{{title}} is not importable", False
+    found = sys.modules.get(top)
+    if found is not None:
+        homes = [str(place) for place in (getattr(found, "__path__", None) or ())] or [str(getattr(found, "__file__", "") or "?")]
+        folder = homes[0]
+        if any(os.path.dirname(os.path.realpath(place)) in here for place in homes):
+            if top in _loaded:
+                why, loud = (f"the {{top!r}} that code of this process imported before {engine} is {{folder}} (a folder of "
+                             f"the working directory, not {{title}}), so the patches cannot load in this process"), True
+                fix = f"rename that folder, or start {engine} from another directory"
+            else:
+                drop()
+                path = list(sys.path)
+                sys.path[:] = [entry for entry in path if not (isinstance(entry, str) and os.path.realpath(entry or os.curdir) in here)]
+                try:
+                    runtime = __import__(package, fromlist=("runtime",)).runtime
+                except (ImportError, AttributeError) as error:
+                    drop()
+                    if not (isinstance(error, ModuleNotFoundError) and error.name == top):  # installed, cannot load
+                        why, loud = (f"{{folder}}, a folder of the working directory, shadows {{title}}, and the installed "
+                                     f"{{title}} cannot load {{package}}.runtime ({{error}})"), True
+                else:
+                    logger.warning(f"{{folder}}, a folder of the working directory, shadows {{title}} on sys.path: "
+                                   f"the patched {engine} imported its runtime from the installed {{title}} instead "
+                                   f"({{os.path.dirname(getattr(sys.modules.get(top), '__file__', None) or '?')}})")
+                    return runtime
+                finally:
+                    sys.path[:] = path + [entry for entry in sys.path if entry not in path]
+        else:
+            why, loud = f"the {{top!r}} imported here ({{folder}}) has no {{missing.name}}", True
+            fix = f"run `pip install serving-toolkit=={version}` (the version that patched this file) or `toolkit revert {engine}`"
+    if os.environ.get("TOOLKIT_EXPECT_PATCHES", "").strip():
+        raise ImportError(f"{{__name__}} was patched by {{title}}, but {{why}}, and TOOLKIT_EXPECT_PATCHES is set, so "
+                          f"{engine} refuses to start without its patches: {{fix}}") from None
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), backup)
     try:
         with open(path, "rb") as handle:
@@ -64,12 +141,12 @@ def {helper}(missing, backup, owner="toolkit"):
     module.__dict__.update({{key: value for key, value in globals().items() if key in kept}})
     module.__toolkit_release__ = True
     sys.modules[__name__] = module  # before running it, so that circular imports see this module
-    if not getattr(sys, "_toolkit_release_warned", False):
-        sys._toolkit_release_warned = True
-        logging.getLogger("toolkit").warning(
-            f"{{'serving-toolkit' if owner == 'toolkit' else owner}} is not importable, but it patched this {engine} install: its patched files run as "
-            "the release wrote them (the patches are off). To put the release's files back, run "
-            "`pip install serving-toolkit=={version} && toolkit revert {engine}`; or reinstall {engine}.")
+    if loud:  # the package is there, or was meant to be: the patches were expected
+        say(f"{{title}} patched this {engine} install, but {{why}}; its patched files run as the release wrote them "
+            f"(the patches are off): {{fix}}", True)
+    else:
+        say(f"{{why}}, but it patched this {engine} install: its patched files run as the release wrote them (the "
+            f"patches are off). To put the release's files back, run {{fix}}.", False)
     exec(code, module.__dict__)
     return Unused()
 '''
@@ -78,7 +155,7 @@ _GUARD_TEMPLATE = '''
 try:
     {line}
 except ModuleNotFoundError as _toolkit_missing:
-    {name} = {helper}(_toolkit_missing, {backup!r}{owner})
+    {name} = {helper}(_toolkit_missing, {backup!r}, {package!r})
 '''
 
 
@@ -88,7 +165,7 @@ def backup_relative_to(engine_file: Path, backup: Path) -> str:
 
 
 def _runtime_import(statement: cst.BaseStatement) -> tuple[str, str] | None:
-    """(``N``, the importing package's top-level name) when ``statement`` is a patch's runtime import
+    """(``N``, the package it imports ``runtime`` from) when ``statement`` is a patch's runtime import
     alone on its line: ``from toolkit.patches.<...> import runtime as N``, or another distribution's
     ``from <package> import runtime as N  # toolkit:<id>`` (its codemod's RUNTIME, marked)."""
     if not m.matches(statement, m.SimpleStatementLine(body=[m.ImportFrom()])):
@@ -106,7 +183,7 @@ def _runtime_import(statement: cst.BaseStatement) -> tuple[str, str] | None:
     alias = node.names[0]
     if alias.asname is None or cst.helpers.get_full_name_for_node(alias.name) != "runtime":
         return None
-    return cst.helpers.get_full_name_for_node(alias.asname.name), module.partition(".")[0]
+    return cst.helpers.get_full_name_for_node(alias.asname.name), module
 
 
 def guard_runtime_imports(source: str, engine: str, backup: str) -> str:
@@ -124,16 +201,14 @@ def guard_module(module: cst.Module, engine: str, backup: str) -> cst.Module:
         if found is None:
             body.append(statement)
             continue
-        name, owner = found
+        name, package = found
         spacing: list[cst.EmptyLine] = []
         if not helper_written:
             helper = _HELPER_TEMPLATE.format(helper=HELPER, engine=engine, version=__version__)
             body.append(cst.parse_module(helper).body[0].with_changes(leading_lines=blank))
             helper_written, spacing = True, blank
         line = module.code_for_node(statement.with_changes(leading_lines=())).strip()
-        # this project's own imports keep the two-argument call (the bytes patched installs already have)
-        guard = _GUARD_TEMPLATE.format(line=line, name=name, helper=HELPER, backup=backup,
-                                       owner="" if owner == "toolkit" else f", {owner!r}")
+        guard = _GUARD_TEMPLATE.format(line=line, name=name, helper=HELPER, backup=backup, package=package)
         guarded = list(cst.parse_module(guard).body)
         guarded[0] = guarded[0].with_changes(leading_lines=[*spacing, *statement.leading_lines])
         body.extend(guarded)

@@ -5,8 +5,9 @@ Inside :func:`held`, a signal is only noted. The writer calls :meth:`Held.check`
 stopping is safe (before the commit): it raises :class:`Interrupted`, the writer puts every file back,
 and on leaving the block the signal is delivered again with its own handler (Ctrl-C becomes
 ``KeyboardInterrupt``, SIGTERM's default ends the process). A signal that arrives after the commit is
-delivered once the write is whole. Signals can be handled only in the main thread: elsewhere nothing
-is held (no signal can interrupt such a thread either).
+delivered once the write is whole, or, inside :func:`deferred`, once the caller has recorded what was
+committed (the CLI's ``--json`` then reports it). Signals can be handled only in the main thread:
+elsewhere nothing is held (no signal can interrupt such a thread either).
 """
 
 from __future__ import annotations
@@ -42,6 +43,37 @@ class Held:
             raise Interrupted(self.pending[0])
 
 
+class _Deferral(Held):
+    """A :func:`deferred` block: the handlers to put back when it ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.previous: dict[int, object] = {}
+
+
+_DEFERRALS: list[_Deferral] = []
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Once a :func:`held` block inside this one has committed, signals stay held until this block
+    ends: the caller records what was committed first (``--json`` on Ctrl-C reports it), then the
+    signal is delivered. Before any commit, signals behave as without this block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    deferral = _Deferral()
+    _DEFERRALS.append(deferral)
+    try:
+        yield
+    finally:
+        _DEFERRALS.remove(deferral)
+        for signum, handler in deferral.previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        for signum in dict.fromkeys(deferral.pending):
+            signal.raise_signal(signum)
+
+
 @contextlib.contextmanager
 def held() -> Iterator[Held]:
     holder = Held()
@@ -49,6 +81,7 @@ def held() -> Iterator[Held]:
         yield holder
         return
     previous = {}
+    completed = False
     try:
         for signum in SIGNALS:
             handler = signal.getsignal(signum)
@@ -61,10 +94,19 @@ def held() -> Iterator[Held]:
             stopped: Interrupted | None = exc
         else:
             stopped = None
+            completed = True
     finally:
+        deferral = _DEFERRALS[-1] if completed and _DEFERRALS else None
         for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        for signum in dict.fromkeys(holder.pending):
-            signal.raise_signal(signum)  # with its own handler again: KeyboardInterrupt, or the default
+            if deferral is None:
+                signal.signal(signum, handler)
+            else:  # committed inside a deferred() block: signals stay held until it ends and delivers them
+                deferral.previous.setdefault(signum, handler)
+                signal.signal(signum, deferral.note)
+        if deferral is not None:
+            deferral.pending.extend(holder.pending)
+        else:
+            for signum in dict.fromkeys(holder.pending):
+                signal.raise_signal(signum)  # with its own handler again: KeyboardInterrupt, or the default
     if stopped is not None:  # the program's own handler chose not to stop it: still say what happened
         raise PatchError(f"{stopped}; every file was put back as it was, nothing changed") from None

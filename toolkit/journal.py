@@ -116,6 +116,8 @@ def _roll_back(
                     fs.unlink(change.path)
             else:
                 fs.atomic_write(change.path, change.current, change.mode)
+            with contextlib.suppress(OSError):  # a cache of the bytes just undone must not outlive them
+                remove_stale_bytecode(change.path)
         if journal_written:
             state.restore_manifest(old_raw)
     except (OSError, PatchError) as exc:

@@ -130,7 +130,11 @@ def run(patches: Sequence[Patch], chosen: Sequence[tuple[str, str]], *, offline:
 
 
 def problems(cells: Sequence[Cell]) -> list[str]:
-    """A sentence per declared release x patch whose anchors or golden fail."""
+    """A sentence per declared release x patch whose anchors or golden fail; one when nothing was checked
+    (an empty table proves nothing, so it is never a success)."""
+    if not cells:
+        return ["nothing was checked: no release of the selected patches' engines was found (--offline reads "
+                "only the releases already in the cache, $TOOLKIT_CACHE_DIR)"]
     out = []
     for c in cells:
         if c.declared and not c.ok:
@@ -146,7 +150,7 @@ def print_table(console: Any, cells: Sequence[Cell], verbose: bool = False) -> N
 
     table = Table(title="toolkit matrix")
     for column in ("release", "patch", "declared", "anchors", "golden", "group"):
-        table.add_column(column, no_wrap=column != "anchors" and column != "golden", min_width=5)
+        table.add_column(column, no_wrap=column != "anchors" and column != "golden", min_width=5, overflow="fold")
     for c in cells:
         anchors = f"{c.anchors_found}/{c.anchors_total}"
         if c.missing:

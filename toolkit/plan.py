@@ -56,6 +56,31 @@ def check_install(engine: InstalledEngine, allow_editable: bool) -> None:
             "nothing was written")
 
 
+def edited_files(engine: InstalledEngine, catalog: Catalog) -> set[str]:
+    """Every file one of the engine's registered patches edits on its version."""
+    return {edit.relpath for patch in catalog.patches for edit in patch.files_for(engine.version)}
+
+
+def refuse_links(engine: InstalledEngine, relpaths: Iterable[str]) -> None:
+    """A symbolic link at the package directory, or at any folder or file on the way to a file in
+    ``relpaths``, is refused before anything is written: a rename over a link leaves a regular file (with
+    the link's mode, 0777) and never the link again, and a linked folder puts the files outside
+    site-packages, out of reach of the backups' relative path and of pip's RECORD beside them."""
+    checked: set[str] = set()
+    for relpath in sorted(relpaths):
+        path = engine_file(engine, relpath)
+        folder = str(path.parent)  # the folders of most files are those of the file before
+        link = None if folder in checked else fs.first_link(engine.site_dir, folder)
+        checked.add(folder)
+        link = link or fs.first_link(folder, path)
+        if link is not None:
+            raise PatchError(
+                f"{link} is a symbolic link in {engine.distribution} {engine.version}; toolkit writes only real "
+                f"files inside {engine.site_dir}, never through or over a link (a link would come back as a "
+                "regular file, a linked folder would put the files outside site-packages): replace the link by "
+                "a copy of what it points to and run the command again; nothing was written")
+
+
 def file_state(current: str | None, record: FileRecord) -> str:
     if current is None:
         return "missing"
@@ -69,7 +94,25 @@ def file_state(current: str | None, record: FileRecord) -> str:
 
 
 def stale_manifest(engine: InstalledEngine, manifest: Manifest) -> bool:
-    return manifest.engine_version != engine.version or manifest.distribution != engine.distribution
+    """The manifest belongs to another install (the engine was reinstalled since), decided from the
+    files, never from the label alone: a dist-info whose name or version changed (a local tag edited
+    out of METADATA, a second distribution's dist-info beside the package) over files that still hold
+    bytes this manifest wrote is the same install, and its backups are the only originals there are.
+    Stale = another label and no recorded file holding a patch's bytes (its ``after`` or, from an
+    interrupted run, a ``prior``): only then may ``revert --force`` forget the state and the backups."""
+    if manifest.engine_version == engine.version and manifest.distribution == engine.distribution:
+        return False
+    return not still_patched(engine, manifest)
+
+
+def still_patched(engine: InstalledEngine, manifest: Manifest) -> list[str]:
+    """The recorded files that hold bytes a patch of ``manifest`` wrote (hashes only)."""
+    held = []
+    for relpath, record in sorted(manifest.files.items()):
+        written = {record.after, *record.prior} - {record.before}  # a record's release bytes are nobody's edit
+        if sha256_file(engine_file(engine, relpath)) in written:
+            held.append(relpath)
+    return held
 
 
 def _refuse_marked(catalog: Catalog, relpath: str, data: bytes, manifest: Manifest | None) -> None:
@@ -209,11 +252,14 @@ def make_plan(
         if not (reverting and force):
             raise DriftError(
                 f"{engine.engine} was reinstalled ({manifest.distribution} {manifest.engine_version} "
-                f"was patched, {engine.distribution} {engine.version} is installed now); run "
-                "`toolkit revert --force` (revert_patch(force=True) in Python) to forget the old patch state",
+                f"was patched, {engine.distribution} {engine.version} is installed now, and no file holds the "
+                "patches); run `toolkit revert --force` (revert_patch(force=True) in Python) to forget the old "
+                "patch state",
                 sorted(manifest.files),
             )
-        return Plan([], clear_state="stale")  # the backups belong to another install: never restore them here
+        # the backups belong to another install: never restore them here; and stale_manifest found no file
+        # holding a patch's bytes, so no backup dropped here is the original of a patched file
+        return Plan([], clear_state="stale")
 
     applied_before = list(manifest.patches) if manifest else []
     if remove is None:
@@ -250,6 +296,9 @@ def make_plan(
             current = read_or_none(path)
             mode = fs.file_mode(path) if current is not None else None
             changes.append(FileChange(relpath, path, current, data, FILE_MODE if mode is None else mode))
+    # the registered patches' files were looked at before the lock (engine.reconcile); a file only the
+    # manifest names (a patch no longer registered) is looked at here, still before any write
+    refuse_links(engine, {change.relpath for change in changes} - edited_files(engine, catalog))
 
     # the manifest afterwards: files outside the scope keep their records as they are
     final_files = {r: rec for r, rec in (manifest.files.items() if manifest else ()) if r not in scope}
@@ -302,20 +351,21 @@ def _refuse_unrecorded_marks(engine: InstalledEngine, catalog: Catalog, revertin
 def _refuse_drift(engine: InstalledEngine, manifest: Manifest | None, originals: dict[str, bytes],
                   current_sha: dict[str, str | None], force: bool, reverting: bool) -> None:
     """Files changed since patched are left alone unless forced."""
-    drifted = []
+    drifted, deleted = [], []
     for relpath, current in current_sha.items():
         record = manifest.files.get(relpath) if manifest else None
         if record is not None and file_state(current, record) in ("drifted", "missing"):
-            drifted.append(relpath)
+            (deleted if current is None else drifted).append(relpath)
         elif record is None and current != sha256_bytes(originals[relpath]):
             drifted.append(relpath)  # cannot happen for a file read just now, unless racing
-    if drifted and not force:
+    if (drifted or deleted) and not force:
         verb = "revert" if reverting else "apply-patch"
+        what = "; ".join([f"changed since patched: {', '.join(sorted(drifted))}"] * bool(drifted)
+                         + [f"deleted since patched: {', '.join(sorted(deleted))}"] * bool(deleted))
         raise DriftError(
-            f"{engine.engine} {engine.version}: changed since patched (left alone; `toolkit {verb} --force`, "
-            f"{'revert_patch' if reverting else 'apply_patch'}(force=True) in Python, overwrites them): "
-            f"{', '.join(sorted(drifted))}",
-            sorted(drifted),
+            f"{engine.engine} {engine.version}: {what} (left alone; `toolkit {verb} --force`, "
+            f"{'revert_patch' if reverting else 'apply_patch'}(force=True) in Python, overwrites them)",
+            sorted(drifted + deleted),
         )
 
 

@@ -6,7 +6,8 @@ Every release is read from a cache, ``<cache>`` = ``$TOOLKIT_CACHE_DIR`` (defaul
   ``.toolkit-unpacked`` holding the wheel's name), made by :func:`fetch` (``scripts/fetch_sources.py``);
 * ``<cache>/sources-slim/<dist>-<version>/``: only the files asked for plus the dist-info METADATA
   (marker ``.toolkit-slim``: JSON listing every relpath asked for), made by :func:`ensure_slim`;
-* ``<cache>/sources/wheels/``: the wheels, ``pip download --no-deps --only-binary :all:``.
+* ``<cache>/sources/wheels/``: the wheels, ``pip download --no-deps --only-binary :all:``; those
+  :func:`fetch` unpacks stay, one :func:`ensure_slim` downloads is deleted once its slim tree is cut.
 
 :func:`release_tree` takes the whole tree when it is cached, else the slim tree (widened when it lacks
 a file asked for), else downloads the wheel once. Every failure (no network, no such release, a
@@ -52,7 +53,8 @@ KNOWN_RELEASES = {
     "vllm": ("0.32.0", "0.33.0"),
 }
 # The releases unpacked whole by default (scripts/fetch_sources.py): one per distinct version of the
-# engine files the test suite runs real code from. Their wheels are kept.
+# engine files the test suite runs real code from. fetch() keeps their wheels (the test setup builds
+# engine venvs from them); ensure_slim, what the matrix and conformance runs use, keeps no wheel it downloads.
 DEFAULT_SOURCES = (
     "vllm==0.32.0",
     "vllm==0.33.0",
@@ -68,7 +70,12 @@ SLIM_MARKER = ".toolkit-slim"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
+    named = os.environ.get("TOOLKIT_CACHE_DIR") or "~/.cache/toolkit"
+    try:
+        return Path(named).expanduser()
+    except RuntimeError:  # "~someone" with no such user, or no home at all: the user's setting, not our bug
+        raise UsageError(f"TOOLKIT_CACHE_DIR={named!r} names a home folder that does not exist on this machine; "
+                         "set it to a folder path") from None
 
 
 def sources_dir() -> Path:
@@ -139,7 +146,11 @@ def download(dist: str, version: str) -> Path:
     try:
         result = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
         raise PatchError(f"cannot run pip to download {dist}=={version}: {exc}") from None
+    except BaseException:  # Ctrl-C mid-download: no half wheel stays in the cache
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if result.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
         raise _download_error(dist, version, result.stdout)
@@ -235,26 +246,33 @@ def _metadata_files(source: SourceTree) -> list[tuple[str, bytes]]:
 def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,
                 keep_wheel: bool = False) -> Path:
     """The slim tree of ``dist==version`` holding ``relpaths``, built when missing or widened (to what it
-    held and ``relpaths``) when it lacks one: from the whole tree when unpacked, else from the wheel
-    (downloaded once, then deleted unless ``keep_wheel`` or it is one of DEFAULT_SOURCES)."""
+    held and ``relpaths``) when it lacks one: from the whole tree when unpacked, else from the wheel.
+    A wheel this call downloads is deleted once the slim tree is cut, unless ``keep_wheel``: a matrix or
+    conformance run leaves only slim trees (a few MB a release, where a wheel is up to 340 MB). A wheel
+    already in the cache (scripts/fetch_sources.py's, which the test setup builds venvs from) is left."""
     from toolkit.sources import load_source
 
     dest = slim_dir(dist, version)
     requested = slim_requested(dest)
     if requested is not None and requested >= set(relpaths):
         return dest
-    wanted = sorted(set(relpaths) | (requested or set()))
     unpacked = source_dir(dist, version)
     if (unpacked / MARKER).is_file():
-        return build_slim(load_source(unpacked), wanted, dest)
+        return build_slim(load_source(unpacked), sorted(set(relpaths) | (requested or set())), dest)
     if offline:
         raise PatchError(f"{dist}=={version} is not in the cache ({cache_dir()}) with every file asked for, "
                          "and offline forbids the download")
     with source_lock(dist, version):
+        requested = slim_requested(dest)  # another run may have cut it (and deleted its wheel) while this one waited
+        if requested is not None and requested >= set(relpaths):
+            return dest
+        cached = find_wheel(dist, version) is not None
         wheel = download(dist, version)
-        build_slim(load_source(wheel), wanted, dest)
-        if not (keep_wheel or f"{dist}=={version}" in DEFAULT_SOURCES):
-            wheel.unlink()
+        try:
+            build_slim(load_source(wheel), sorted(set(relpaths) | (requested or set())), dest)
+        finally:  # (a failed cut too: the wheel is never left behind by a run that downloaded it)
+            if not (keep_wheel or cached):
+                wheel.unlink(missing_ok=True)
     return dest
 
 

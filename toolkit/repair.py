@@ -11,9 +11,12 @@ behind by an engine that was uninstalled is removed.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import subprocess
 import sys
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -22,10 +25,10 @@ from typing import Callable
 from toolkit import engine as _engine
 from toolkit import fs, patch_registry
 from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
-from toolkit.errors import CorruptManifest, PatchError, io_error
+from toolkit.errors import CorruptManifest, PatchError, UsageError, io_error
 from toolkit.journal import FileChange, read_or_none, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in
-from toolkit.plan import engine_file
+from toolkit.plan import engine_file, refuse_links
 from toolkit.sources import load_source
 from toolkit.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.version import __version__
@@ -70,7 +73,7 @@ def _cache_root() -> Path:
     try:
         return Path(named).expanduser()
     except RuntimeError:  # "~someone" with no such user, or no home at all
-        raise PatchError(f"TOOLKIT_CACHE_DIR={named!r} names a home folder that does not exist on this machine; "
+        raise UsageError(f"TOOLKIT_CACHE_DIR={named!r} names a home folder that does not exist on this machine; "
                          "set it to a folder path") from None
 
 
@@ -81,7 +84,7 @@ def pip_download(python: str) -> FetchRelease:
     def fetch(distribution: str, version: str) -> Path:
         cache = _cache_root() / "wheels"
         stem = f"{distribution.replace('-', '_')}-{version}-"
-        found = sorted(cache.glob(f"{stem}*.whl"))
+        found = [wheel for wheel in sorted(cache.glob(f"{stem}*.whl")) if _whole_or_dropped(wheel)]
         if not found:
             cache.mkdir(parents=True, exist_ok=True)
             proc = subprocess.run(
@@ -97,6 +100,20 @@ def pip_download(python: str) -> FetchRelease:
         return found[0]
 
     return fetch
+
+
+def _whole_or_dropped(wheel: Path) -> bool:
+    """Whether a cached wheel reads whole (every member's CRC); one that does not (a download cut short,
+    a disk error) is deleted, so that the next download replaces it instead of repair failing on it forever."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            if archive.testzip() is None:
+                return True
+    except (OSError, zipfile.BadZipFile, zlib.error, EOFError, ValueError):
+        pass
+    with contextlib.suppress(OSError):
+        wheel.unlink()
+    return False
 
 
 def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
@@ -121,10 +138,11 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                                _patches_present(engine, catalog, manifest, relpaths), {})
             for relpath in sorted(relpaths):
                 want = expected.get(relpath)
-                if want is None:
-                    result.unverifiable.append(relpath)
-                    continue
                 path = engine_file(engine, relpath)
+                if want is None:
+                    if os.path.lexists(path):  # absent and not in RECORD: not this release's file, nothing to say
+                        result.unverifiable.append(relpath)
+                    continue
                 current = sha256_file(path)
                 # every file is recorded, done or not: a repair stopped mid-way must leave `status` seeing
                 # release bytes as "original", not as files the journal does not know
@@ -138,6 +156,7 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                                                   0o644 if mode is None else mode))
             if not changes and old_raw is None and not state.backup_root.exists():
                 return result
+            refuse_links(engine, [change.relpath for change in changes])  # only what it writes: reading is fine
             write_all_or_nothing(state, old_raw, journal, None, changes, {})
             result.cleared_state = True
     except OSError as exc:
@@ -185,8 +204,11 @@ def _verified_bytes(state: StateDir, release: _Release, relpath: str, want: str)
         return backup, "backup"
     data = release.read(relpath)
     if data is None or sha256_bytes(data) != want:
+        # the release's copy is named: a cached download that differs from pip's RECORD is the one to delete
+        where = "" if release.source is None else (f" (the release's copy is {release.source.origin}: if that is a "
+                                                   "cached download, delete it and run repair again)")
         raise PatchError(f"{relpath}: neither the backup nor the release wheel has the bytes pip's RECORD lists "
-                         f"for {state.site_dir}; nothing was written")
+                         f"for {state.site_dir}{where}; nothing was written")
     return data, "release"
 
 

@@ -103,7 +103,7 @@ README = """\
 A [serving-toolkit](https://github.com/serving-toolkit/serving-toolkit) patch for $title
 (`$versions`), made by `toolkit new-patch $name --engine $engine`.
 
-    pip install -e .              # registers the patch: `toolkit list` shows $name
+    pip install -e '.[test]'      # registers the patch (`toolkit list` shows $name) and installs pytest
     python -m pytest              # golden test + conformance on every release it declares
     toolkit apply-patch $engine --patch $name
     toolkit revert $engine --patch $name
@@ -306,7 +306,10 @@ def new_patch(name: str, engine: str, directory: Path | str | None = None) -> Pa
     """Write the skeleton of patch ``name`` for ``engine`` into ``directory`` (default:
     ``./toolkit-patch-<name>``; it may exist if empty) and return the folder."""
     check_name(name, engine)
-    folder = Path(directory if directory is not None else distribution_of(name)).expanduser().resolve()
+    try:
+        folder = Path(directory if directory is not None else distribution_of(name)).expanduser().resolve()
+    except RuntimeError:  # "~someone/x" with no such user, or no home at all
+        raise UsageError(f"{directory}: no such user's home folder on this machine; choose another --dir") from None
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a file, not a folder: choose another --dir")
     if folder.is_dir() and any(folder.iterdir()):
@@ -315,12 +318,16 @@ def new_patch(name: str, engine: str, directory: Path | str | None = None) -> Pa
     package = package_of(name)
     values = dict(asdict(target), name=name, engine=engine, distribution=distribution_of(name), package=package,
                   alias="_toolkit_" + name.replace("-", "_"), toolkit_version=__version__)
-    # Written beside the folder, then renamed onto it (an empty folder is replaced), with Ctrl-C held to
-    # the points between files: a signal or a full disk midway leaves no half skeleton, which the next
-    # run would refuse as "not empty", and no staging folder.
+    # Written beside the folder, then renamed onto it, with Ctrl-C held to the points between files: a
+    # signal or a full disk midway leaves no half skeleton, which the next run would refuse as "not
+    # empty", and no staging folder. An existing (empty) folder is kept, never replaced: it may be the
+    # shell's current folder (`--dir .`), or carry its owner's mode; the staging folder is made inside it
+    # and its entries are renamed into it.
     folder.parent.mkdir(parents=True, exist_ok=True)
+    existing = folder.is_dir()
     with interrupts.held() as signals:
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder if existing else folder.parent))
+        moved: list[Path] = []
         try:
             umask = os.umask(0)
             os.umask(umask)
@@ -331,8 +338,16 @@ def new_patch(name: str, engine: str, directory: Path | str | None = None) -> Pa
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(Template(template).substitute(values), encoding="utf-8")
             signals.check()
-            os.replace(staging, folder)
+            if not existing:
+                os.replace(staging, folder)
+            else:
+                for entry in sorted(staging.iterdir()):
+                    os.rename(entry, folder / entry.name)
+                    moved.append(folder / entry.name)
+                staging.rmdir()
         except BaseException:
+            for path in moved:  # (a rename cannot fail for lack of space: this is a rare I/O error's path)
+                shutil.rmtree(path, ignore_errors=True)
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return folder
@@ -371,6 +386,7 @@ def cmd_new_patch(args: argparse.Namespace, console: Console) -> int:
     if args.verbose:
         for name in files:
             console.print(f"  {name}", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"next: cd {folder} && pip install -e . && python -m pytest", markup=False, highlight=False,
+    # the test extra: a fresh venv has no pytest (pyproject's [project.optional-dependencies] test)
+    console.print(f"next: cd {folder} && pip install -e '.[test]' && python -m pytest", markup=False, highlight=False,
                   soft_wrap=True)
     return 0

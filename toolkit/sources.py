@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
+from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize, owning_distribution
 from toolkit.errors import PatchError, UsageError
 
 
@@ -55,12 +55,48 @@ def _metadata(raw: bytes, where: str) -> tuple[str, str]:
     return _normalize(name), version
 
 
-def load_source(path: str | Path) -> SourceTree:
-    """Open a wheel, a site-packages-like tree, or an engine package directory."""
+def _owner_first(origin: Path, claims: list[tuple[str, str, Path]]) -> list[tuple[str, str]]:
+    """(name, version) of the dist-infos in ``origin`` that name an engine, the one that owns the
+    package's files first (the rule of ``toolkit.discovery.owning_distribution``, as for an install)."""
+    import importlib.metadata
+
+    if len(claims) > 1:
+        engine, package = ENGINE_DISTRIBUTIONS[claims[0][0]]
+        rivals = [c for c in claims if ENGINE_DISTRIBUTIONS[c[0]] == (engine, package)]
+        dists = [(name, importlib.metadata.PathDistribution(info)) for name, _, info in rivals]
+        first = rivals[dists.index(owning_distribution(origin / package, engine, dists))]
+        claims = [first] + [c for c in claims if c is not first]
+    return [(name, version) for name, version, _ in claims]
+
+
+def load_source(path: str | Path, release: tuple[str, str] | None = None) -> SourceTree:
+    """Open a wheel, a site-packages-like tree, or an engine package directory. ``release``
+    (``(dist, version)``, see :func:`toolkit.releases.parse_release`) names the release instead of its
+    dist-info metadata: a bare engine folder (a source checkout, a copied package) has none."""
     try:
+        if release is not None:
+            return _named_release(path, release)
         return _load_source(path)
     except (OSError, zipfile.BadZipFile, zlib.error, EOFError) as exc:
         raise UsageError(f"{path}: cannot read it as a wheel or an engine tree ({exc})") from None
+
+
+def _named_release(path: str | Path, release: tuple[str, str]) -> SourceTree:
+    """The engine folder ``path`` (the package folder itself, or a folder holding it) as ``release``."""
+    dist, version = release
+    if _normalize(dist) not in ENGINE_DISTRIBUTIONS or not version:
+        raise UsageError(f"{dist}=={version}: not a vLLM or SGLang release")
+    engine, package = ENGINE_DISTRIBUTIONS[_normalize(dist)]
+    origin = Path(path).resolve()
+    if origin.is_file() and origin.suffix == ".whl":
+        raise UsageError(f"{path}: a wheel names its own release; --release is for a folder without metadata")
+    if origin.is_dir() and origin.name == package and (origin / "__init__.py").is_file():
+        return SourceTree(engine, _normalize(dist), version, origin.parent, package)
+    if (origin / package).is_dir():
+        return SourceTree(engine, _normalize(dist), version, origin, package)
+    if not origin.exists():
+        raise UsageError(f"source not found: {path}")
+    raise UsageError(f"{path}: not {dist}'s package folder ({package}/) nor a folder holding one")
 
 
 def _load_source(path: str | Path) -> SourceTree:
@@ -81,15 +117,23 @@ def _load_source(path: str | Path) -> SourceTree:
     else:
         if not any(origin.glob("*.dist-info")) and (origin.parent / origin.name).is_dir():
             # An engine package dir itself: its dist-info sits beside it.
-            for meta in origin.parent.glob("*.dist-info/METADATA"):
+            beside = []
+            for meta in sorted(origin.parent.glob("*.dist-info/METADATA")):
                 name, version = _metadata(meta.read_bytes(), str(meta))
                 if name in ENGINE_DISTRIBUTIONS and ENGINE_DISTRIBUTIONS[name][1] == origin.name:
-                    engine, package = ENGINE_DISTRIBUTIONS[name]
-                    return SourceTree(engine, name, version, origin.parent, package)
-        for meta in origin.glob("*.dist-info/METADATA"):
-            candidates.append(_metadata(meta.read_bytes(), str(meta)))
+                    beside.append((name, version, meta.parent))
+            for name, version in _owner_first(origin.parent, beside)[:1]:
+                engine, package = ENGINE_DISTRIBUTIONS[name]
+                return SourceTree(engine, name, version, origin.parent, package)
+        claims = []
+        for meta in sorted(origin.glob("*.dist-info/METADATA")):
+            name, version = _metadata(meta.read_bytes(), str(meta))
+            if name in ENGINE_DISTRIBUTIONS:
+                claims.append((name, version, meta.parent))
+        candidates.extend(_owner_first(origin, claims))
     for name, version in candidates:
         if name in ENGINE_DISTRIBUTIONS:
             engine, package = ENGINE_DISTRIBUTIONS[name]
             return SourceTree(engine, name, version, origin, package)
-    raise UsageError(f"{path}: no vLLM or SGLang distribution metadata found")
+    raise UsageError(f"{path}: no vLLM or SGLang distribution metadata found (a *.dist-info/METADATA beside the "
+                     "package); for a folder without it, name the release: --release DIST==VERSION")

@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import os
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,16 +56,30 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
 
 
 def remove_stale_bytecode(source: Path) -> None:
-    """Delete ``__pycache__/<stem>.*.pyc`` so no process runs the old code from cache."""
+    """Delete every cached bytecode of ``source`` so that no process runs the old code from cache: in
+    ``__pycache__``, ``<stem>.<tag>.pyc`` for any interpreter tag and ``<stem>.<tag>.opt-N.pyc`` for any
+    optimisation level (an unchecked-hash one is trusted without a look at the source), and a legacy
+    ``<stem>.pyc`` beside it."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        fs.unlink(source.with_suffix(".pyc"))
     cache_dir = source.parent / "__pycache__"
     try:
         names = fs.listdir(cache_dir)
     except (FileNotFoundError, NotADirectoryError):
         return
     for name in names:
-        if name.startswith(f"{source.stem}.") and name.endswith(".pyc") and name.count(".") == 2:
+        if is_bytecode_of(source.stem, name):
             with contextlib.suppress(FileNotFoundError):
                 fs.unlink(cache_dir / name)
+
+
+def is_bytecode_of(stem: str, name: str) -> bool:
+    """Whether ``__pycache__/<name>`` caches the module ``<stem>.py`` (``importlib.util.cache_from_source``'s
+    names: ``<stem>.<tag>.pyc`` or ``<stem>.<tag>.opt-<level>.pyc``)."""
+    if not (name.startswith(f"{stem}.") and name.endswith(".pyc")):
+        return False
+    parts = name[len(stem) + 1:-len(".pyc")].split(".")
+    return bool(parts[0]) and (len(parts) == 1 or (len(parts) == 2 and parts[1].startswith("opt-")))
 
 
 @dataclass
@@ -183,26 +196,12 @@ class StateDir:
 
     def refuse_links(self, path: Path) -> None:
         """Refuse a symbolic link anywhere from ``.toolkit-state`` down to ``path``."""
-        # On strings, not pathlib: called for every file an apply or revert touches (a tenth of a
-        # command's time on a real tree went into building Path objects here).
-        site = os.fspath(self.site_dir)
-        target = os.fspath(path)
-        if target != site and not target.startswith(site.rstrip(os.sep) + os.sep):
-            raise ValueError(f"{target!r} is not under {site!r}")  # as Path.relative_to says it
-        current = site
-        for part in target[len(site):].split(os.sep):
-            if not part:
-                continue
-            current = os.path.join(current, part)
-            try:
-                info = fs.lstat(current)
-            except FileNotFoundError:
-                return
-            if stat.S_ISLNK(info.st_mode):
-                raise PatchError(
-                    f"{current} is a symbolic link; toolkit keeps its state only inside {self.site_dir} and "
-                    "does not follow links out of it (remove the link and run the command again)"
-                )
+        link = fs.first_link(self.site_dir, path)
+        if link is not None:
+            raise PatchError(
+                f"{link} is a symbolic link; toolkit keeps its state only inside {self.site_dir} and "
+                "does not follow links out of it (remove the link and run the command again)"
+            )
 
     def make_dirs(self, directory: Path) -> None:
         """Create ``directory`` and its missing parents under site-packages, each 0755."""

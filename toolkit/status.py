@@ -92,7 +92,10 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
             state = NOT_APPLIED
         elif stale:
             state = DRIFTED
-            detail = f"patched as {manifest.distribution} {manifest.engine_version}; engine reinstalled since"
+            # stale_manifest: no recorded file holds a patch's bytes, so forgetting the backups loses nothing
+            detail = (f"patched as {manifest.distribution} {manifest.engine_version}; engine reinstalled since (no "
+                      f"file holds the patches now): `toolkit revert {engine.engine} --force` forgets the old "
+                      "patch state")
         else:
             for edit in patch.files_for(engine.version):
                 record = manifest.files.get(edit.relpath)
@@ -107,11 +110,16 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
                           "patches them again, `toolkit revert` forgets the state")
             elif manifest.state == "applied" or values & {"drifted", "missing", "unrecorded"}:
                 state = DRIFTED
-                detail = "changed since patched: " + ", ".join(r for r, s in files.items() if s != "patched")
+                detail = drift_detail(files)
             else:
                 state = PARTIAL
                 verb = "an apply" if manifest.state == "applying" else "a revert"
                 detail = f"{verb} was interrupted; run apply-patch or revert to finish"
+        relabelled = manifest is not None and not stale and (manifest.distribution, manifest.engine_version) != (
+            engine.distribution, engine.version)
+        if relabelled and not detail and patch.id in manifest.patches:  # the files decide (plan.stale_manifest)
+            detail = (f"patched as {manifest.distribution} {manifest.engine_version}; the metadata now says "
+                      f"{engine.distribution} {engine.version} over the same patched files")
         if manifest is not None and not stale and state in (APPLIED, PARTIAL):
             lost = _unusable_backups(state_dir, manifest, [e.relpath for e in patch.files_for(engine.version)])
             if lost:
@@ -168,8 +176,11 @@ def _unknown_applied(engine: InstalledEngine, catalog: Catalog, manifest: Manife
             continue
         files = {relpath: file_state(sha256_file(engine_file(engine, relpath)), record)
                  for relpath, record in sorted(manifest.files.items()) if patch_id in record.patches}
-        detail = (f"applied by toolkit {manifest.toolkit_version}, but no installed package registers {patch_id} now "
-                  f"(its package uninstalled?); `toolkit revert {engine.engine}` restores the originals")
+        where = f" --python {engine.python}" if engine.toolkit_version is not None else ""  # probed: another python
+        detail = (f"its edits are still in the files, but no installed package registers {patch_id} now (applied by "
+                  f"toolkit {manifest.toolkit_version}; its package uninstalled?): reinstall that package to keep it, "
+                  f"or `toolkit revert {engine.engine}{where}` puts back the release's files (every patch reverted; "
+                  f"`toolkit apply-patch {engine.engine}{where}` applies the registered ones again)")
         rows.append(PatchState(engine.engine, engine.distribution, engine.version, patch_id, DRIFTED, False, files,
                                detail, engine.install_kind))
     return rows
@@ -188,6 +199,14 @@ def _unusable_backups(state_dir: StateDir, manifest: Manifest, relpaths: list[st
         if data is None or sha256_bytes(data) != record.before:
             lost.append(relpath)
     return lost
+
+
+def drift_detail(files: dict[str, str]) -> str:
+    """What happened to each file not as patched: a deleted file is said to be deleted, not changed."""
+    changed = [r for r, s in files.items() if s not in ("patched", "missing")]
+    deleted = [r for r, s in files.items() if s == "missing"]
+    return "; ".join([f"changed since patched: {', '.join(changed)}"] * bool(changed)
+                     + [f"deleted since patched: {', '.join(deleted)}"] * bool(deleted))
 
 
 def _state_from_markers(engine: InstalledEngine, patch: Patch, problem: str) -> tuple[PatchStateName, str, dict[str, str]]:

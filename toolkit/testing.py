@@ -112,6 +112,7 @@ def copy_files(tree: SourceTree, relpaths: Sequence[str], root: Path) -> Install
 
 
 def digests(installed: InstalledEngine, relpaths: Sequence[str]) -> dict[str, str]:
+    """``{relpath: sha256}`` of these files of ``installed``: compare before and after a revert."""
     return {r: hashlib.sha256((Path(installed.package_dir) / r).read_bytes()).hexdigest() for r in relpaths}
 
 

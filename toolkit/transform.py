@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import re
@@ -99,16 +100,19 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
         if compiled:
             _COMPILED.add(key)
         return result
-    if tree_key is not None and tree_key in _VISITED:
-        _VISITED.move_to_end(tree_key)
-        module, anchors = _VISITED[tree_key]
-    else:
-        module, anchors = _visit(patch, edit, source, engine_version)
-        if tree_key is not None:
-            _remember(_VISITED, tree_key, (module, anchors), VISITED_SIZE)
-    if finish is not None:
-        module = finish(module)  # a new tree: libcst's nodes are immutable, the remembered one stays
-    result = FileTransform(patch.id, edit.relpath, source, module.code, anchors)
+    try:
+        if tree_key is not None and tree_key in _VISITED:
+            _VISITED.move_to_end(tree_key)
+            module, anchors = _VISITED[tree_key]
+        else:
+            module, anchors = _visit(patch, edit, source, engine_version)
+            if tree_key is not None:
+                _remember(_VISITED, tree_key, (module, anchors), VISITED_SIZE)
+        if finish is not None:
+            module = finish(module)  # a new tree: libcst's nodes are immutable, the remembered one stays
+        result = FileTransform(patch.id, edit.relpath, source, module.code, anchors)
+    except RecursionError:  # libcst walks its tree recursively, in Python: a long chain of terms overflows it
+        raise _too_deep(patch, edit, engine_version, "more than the code transformer can walk") from None
     if key is not None:
         _remember(_MEMO, key, result, MEMO_SIZE)
         transform_cache.write(kept, (result.after, result.anchors, False))
@@ -122,9 +126,31 @@ def _kept_path(key: Hashable, edit: FileEdit):
     return transform_cache.entry_path(key, edit.load_transformers())
 
 
+def _too_deep(patch: Patch, edit: FileEdit, engine_version: str, how: str) -> PatchError:
+    return PatchError(f"patch {patch.id}: cannot parse {edit.relpath} ({patch.engine} {engine_version}): its code "
+                      f"is nested too deeply ({how}); nothing was written")
+
+
+def _refuse_too_deep(patch: Patch, edit: FileEdit, source: str, engine_version: str) -> None:
+    """libcst's native parser recurses on the C stack: 3000 nested parentheses crash the process
+    (SIGSEGV). CPython's own parser bounds every nesting (200 brackets, its recursion limit), so a file
+    it refuses for depth is refused here, before libcst sees it. Any other syntax error is left to
+    libcst to report (the engine's Python may be newer than this one)."""
+    try:
+        ast.parse(source)
+    except SyntaxError as exc:
+        if "too many nested" in str(exc.msg) or "too complex" in str(exc.msg):
+            raise _too_deep(patch, edit, engine_version, f"{exc.msg}, line {exc.lineno}") from None
+    except (RecursionError, MemoryError):
+        raise _too_deep(patch, edit, engine_version, "more than Python's own parser accepts") from None
+    except ValueError:  # a NUL byte: libcst reports it
+        pass
+
+
 def _visit(patch: Patch, edit: FileEdit, source: str,
            engine_version: str) -> tuple[cst.Module, list[tuple[str, AnchorResult]]]:
     context = PatchContext(patch.id, patch.engine, engine_version, edit.relpath)
+    _refuse_too_deep(patch, edit, source, engine_version)
     try:
         module = cst.parse_module(source)
     except cst.ParserSyntaxError as exc:

@@ -105,6 +105,7 @@ class EngineServer:
         *,
         cpu: bool = True,
         host: str = "127.0.0.1",
+        cwd: str | os.PathLike | None = None,
     ) -> None:
         if engine not in ENGINE_DISTRIBUTIONS:
             raise ValueError(f"engine must be one of {', '.join(ENGINE_DISTRIBUTIONS)}, not {engine!r}")
@@ -116,6 +117,9 @@ class EngineServer:
         self.timeout = timeout
         self.cpu = cpu
         self.host = host
+        # the server's working directory (first on its sys.path under `python -m`): an empty one of its own
+        # unless given (a test starts one from a folder with a `toolkit/` of its own, issue 49)
+        self.cwd = Path(cwd) if cwd is not None else None
         self.port: int | None = None
         self.tmp_dir: Path | None = None
         self.log_path: Path | None = Path(log_path) if log_path else None
@@ -191,7 +195,7 @@ class EngineServer:
                 stdout=self._log_handle,
                 stderr=subprocess.STDOUT,
                 env=env,
-                cwd=server_workdir(self.tmp_dir),
+                cwd=self.cwd if self.cwd is not None else server_workdir(self.tmp_dir),
                 start_new_session=True,  # its own session and process group
             )
             self._root_start = create_time(self.process.pid)

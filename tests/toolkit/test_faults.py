@@ -315,12 +315,28 @@ def _report(capsys, what: str, count: int) -> None:
 
 QUICK_STEP = 2 if QUICK else 1
 
+def _second_distribution(installed) -> None:
+    """Patched, then a stale dist-info beside the install (issue 49; what `pip install` of another
+    distribution of the package leaves): another version's METADATA, a RECORD whose hashes do not
+    match the files. The harness reads each copy with load_source, which must still name the owner."""
+    site = installed.site_dir
+    demo_patches.write_record(site)
+    engine.apply(installed, ["demo", "second"])
+    stale = site / "sglang-0.5.8.dist-info"  # sorts before the owner's: first met by a name-order reader
+    stale.mkdir()
+    (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.8\n")
+    rows = [row.split(",") for row in (site / "sglang-0.5.9.dist-info" / "RECORD").read_text().split()]
+    (stale / "RECORD").write_text("".join(f"{path},sha256={'A' * 43},{size}\n" for path, _, size in rows))
+
+
 DEMO_SCENARIOS = [
     Scenario("apply demo", lambda e: None, lambda e: engine.apply(e, ["demo"])),
     Scenario("apply second over demo", lambda e: engine.apply(e, ["demo"]), lambda e: engine.apply(e, ["second"])),
     Scenario("revert demo, keep second", lambda e: engine.apply(e, ["demo", "second"]),
              lambda e: engine.revert(e, ["demo"])),
     Scenario("revert all", lambda e: engine.apply(e, ["demo", "second"]), lambda e: engine.revert(e)),
+    # the command that once dropped the backups of patched files when a second distribution was there
+    Scenario("second distribution, revert --force", _second_distribution, lambda e: engine.revert(e, force=True)),
 ]
 
 
@@ -417,6 +433,112 @@ def test_a_lost_manifest_stops_every_command_and_keeps_the_backups(command, demo
     repair(installed, _no_download)
     assert {r: (site / "sglang" / r).read_bytes() for r in release} == release
     assert set(_states(installed).values()) == {"not applied"} and _backups(installed) == {}
+
+
+# --------------------------------------------------------------------------------------------------
+# a symbolic link at an engine file or at the package directory: refused before anything is written
+
+
+def _link_out(site: Path, relpath: str) -> None:
+    """Move ``sglang/<relpath>`` (a file or a folder, as it is now) out of site-packages, leave a link."""
+    inside = site / "sglang" / relpath if relpath else site / "sglang"
+    outside = site.parent / "outside" / inside.name
+    outside.parent.mkdir(exist_ok=True)
+    shutil.move(inside, outside)
+    inside.symlink_to(outside, target_is_directory=outside.is_dir())
+
+
+def _tree(root: Path) -> dict[str, tuple]:
+    """Every path under ``root``, links not followed: a link's target, a file's mode and bytes (the lock
+    file's bytes aside: repair writes its pid there while it holds it)."""
+    seen: dict[str, tuple] = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        if os.path.islink(path):
+            seen[str(path)] = ("link", os.readlink(path))
+        elif os.path.isdir(path):
+            seen[str(path)] = ("dir", info.st_mode)
+        else:
+            seen[str(path)] = ("file", info.st_mode, b"" if path.name == "lock" else path.read_bytes())
+    return seen
+
+
+def _repair(installed) -> None:
+    from toolkit.repair import repair
+
+    repair(installed, _no_download)
+
+
+LINKED = {  # the link, what is applied before it is made, the command
+    "file, apply": ("srt/protocol.py", [], lambda e: engine.apply(e, ["demo"])),
+    "file, revert": ("srt/protocol.py", ["demo", "second"], lambda e: engine.revert(e)),
+    "file, repair": ("srt/protocol.py", ["demo", "second"], _repair),
+    "package dir, apply": ("", [], lambda e: engine.apply(e)),
+    "package dir, revert": ("", ["demo"], lambda e: engine.revert(e, ["demo"])),
+}
+
+
+@pytest.mark.parametrize("name", LINKED)
+def test_a_symlinked_file_or_package_dir_is_refused_under_every_fault(name, demo_registry, fault_dir, capsys):
+    """Every call of the refused command fails (each errno, once and for good), is SIGKILLed, or gets
+    Ctrl-C before or after it: nothing is written (the lock of a repair aside, which takes it before
+    it knows), the link stays a link, `status` says what it said, and the next run refuses in a sentence."""
+    relpath, applied, op = LINKED[name]
+    site = _site_with_record(fault_dir / "site")
+    installed = load_source(site).as_installed()
+    if applied:
+        engine.apply(installed, applied)
+    _link_out(site, relpath)
+    before, states = _tree(fault_dir), _states(installed)
+    refused = "is a symbolic link"
+
+    def unchanged(context: str) -> None:
+        assert _tree(fault_dir) == before, f"{name}: {context}: something was written"
+        assert _states(installed) == states, f"{name}: {context}: status changed"
+        with pytest.raises(PatchError, match=refused):
+            op(installed)
+
+    injector = Injector()
+    with pytest.raises(PatchError, match=refused), injector.active():
+        op(installed)
+    total, count = injector.calls, 0
+    assert total >= 1
+    for k in range(1, total + 1):
+        for err in ERRNOS:
+            for sticky in (False, True):
+                with pytest.raises(PatchError) as caught, injector.active(fail_at=k, err=err, sticky=sticky):
+                    op(installed)
+                assert "\n" not in str(caught.value)
+                count += 1
+                unchanged(f"call {k}/{total} failed with {errno.errorcode[err]}, sticky={sticky}")
+        for interrupt in ("kill", "before", "after"):
+            pid = os.fork()
+            if pid == 0:  # the child: the command, killed or interrupted at call k
+                code = 0
+                try:
+                    if interrupt == "kill":
+                        with injector.active(kill_at=k):
+                            op(installed)
+                    else:
+                        with injector.active(interrupt_at=k, interrupt_after=interrupt == "after"):
+                            op(installed)
+                except KeyboardInterrupt:
+                    code = 130
+                except PatchError:
+                    code = 3
+                except BaseException:  # noqa: BLE001 - any other ending is a failure of the test
+                    code = 1
+                os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            where = f"{interrupt} at call {k}/{total}"
+            if interrupt == "kill":
+                assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"{name}: {where}: {status}"
+            else:
+                assert os.WIFEXITED(status) and os.WEXITSTATUS(status) in (130, 3), f"{name}: {where}: {status}"
+            count += 1
+            unchanged(where)
+    assert (site / "sglang" / relpath).is_symlink() if relpath else (site / "sglang").is_symlink()
+    _report(capsys, f"demo tree, symlinked {name}", count)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
 """The runtime-import guard (toolkit/guard.py) on small modules, in a fresh interpreter each: with
 ``toolkit`` importable the patched module runs; without it the release's file (the backup) runs in
 its place, whatever the patched code does with the runtime at module level; other import errors stay
-errors; a lost backup is one clear ImportError. The real engines: tests/packaging/test_runtime_gone.py."""
+errors; a lost backup is one clear ImportError. A ``toolkit`` folder in the working directory does not
+switch the patches off (issue 49), and ``TOOLKIT_EXPECT_PATCHES`` turns every "run as the release" into a
+refusal. The real engines: tests/packaging/test_runtime_gone.py; a real patched vLLM server started from a
+folder with a ``toolkit/`` of its own: tests/patches/vllm/tito/conftest.py."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 from toolkit.guard import guard_runtime_imports
 
@@ -57,7 +62,7 @@ DRIVER = textwrap.dedent("""\
 
 def _site(tmp_path: Path, patched: str, backup: str | None = RELEASE) -> Path:
     package = tmp_path / "fakeengine"
-    package.mkdir()
+    package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "mod.py").write_text(guard_runtime_imports(patched, "vllm", BACKUP))
     if backup is not None:
@@ -133,7 +138,7 @@ def test_another_packages_runtime_import_is_guarded_by_its_package(tmp_path):
     guarded = guard_runtime_imports(FOREIGN, "vllm", BACKUP)
     assert guarded.count("def _toolkit_release(") == 1
     assert f"_toolkit_release(_toolkit_missing, {BACKUP!r}, 'clamp_fix')" in guarded
-    assert f"_toolkit_release(_toolkit_missing, {BACKUP!r})" in guarded  # our own: the bytes as before
+    assert f"_toolkit_release(_toolkit_missing, {BACKUP!r}, 'toolkit.patches.vllm.tito')" in guarded
     seen, stderr = _import(_site(tmp_path, FOREIGN), hide=True, missing="clamp_fix")
     assert seen == {"value": "release", "release": True, "names": []}
     assert stderr.count("clamp_fix is not importable") == 1, stderr
@@ -142,3 +147,185 @@ def test_another_packages_runtime_import_is_guarded_by_its_package(tmp_path):
 def test_an_unmarked_import_of_a_runtime_is_not_ours_to_guard():
     source = "import os\nfrom somewhere import runtime as _r\nVALUE = 1\n"
     assert guard_runtime_imports(source, "vllm", BACKUP) == source
+
+
+
+# --- issue 49: a `toolkit` of the working directory ---------------------------------------------------
+# ``python -m`` puts the working directory first on sys.path (``python -c`` puts "", a script its folder):
+# there a `toolkit/` (a checkout of this repository has one, without `patches/`) comes before the installed
+# serving-toolkit. The driver runs with -S and the install as a wheel lays it out (one `toolkit/` folder
+# with `patches/` inside, appended to sys.path as site-packages is): an editable install's import hook
+# finds `toolkit.patches` whatever `toolkit` is, which hides the shadowing the wheel's users meet. The
+# patched module imports the real tito runtime; the driver reports which `toolkit` and which runtime the
+# process ended up with.
+RUNTIME_ONLY = textwrap.dedent("""\
+    from toolkit.patches.vllm.tito import runtime as _toolkit_tito  # toolkit:tito
+    VALUE = 'patched'
+""")
+
+SHADOW_DRIVER = textwrap.dedent("""\
+    import json, os, sys
+    first = sys.path[0]
+    # after everything, as site-packages: the working directory (or the script's folder) comes first
+    sys.path.extend(entry for entry in (os.environ["INSTALLED"], os.environ["SITE"]) if entry)
+    if os.environ["MODE"] == "user-first":  # code of the process imports its own toolkit before the engine
+        import toolkit
+    try:
+        import fakeengine.mod as mod
+    except ImportError as exc:
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+    else:
+        runtime = getattr(mod, "_toolkit_tito", None)
+        print(json.dumps({"value": mod.VALUE, "release": getattr(mod, "__toolkit_release__", False),
+                          "runtime": getattr(runtime, "__file__", None),
+                          "toolkit": getattr(sys.modules.get("toolkit"), "__file__", None),
+                          "path_kept": sys.path[0] == first and os.environ["SITE"] in sys.path}))
+""")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _wheel_install(where: Path) -> Path:
+    """serving-toolkit laid out as its wheel installs it (``toolkit/`` with ``patches/``, ``verify/`` and
+    ``kernels/`` inside; setup.py), made of links to this checkout's files."""
+    package = where / "toolkit"
+    package.mkdir(parents=True)
+    for entry in (REPO / "toolkit").iterdir():
+        (package / entry.name).symlink_to(entry)
+    for folder in ("patches", "verify", "kernels"):
+        (package / folder).symlink_to(REPO / folder)
+    return where
+
+
+def _user_toolkit(work: Path, shape: str) -> Path:
+    """``work`` with a `toolkit` of its own: a package as in a checkout of this repository, a folder
+    without ``__init__.py`` (a namespace package) or a single module."""
+    if shape == "module":
+        (work / "toolkit.py").write_text("USER = True\n")
+        return work / "toolkit.py"
+    folder = work / "toolkit"
+    folder.mkdir()
+    (folder / "cli.py").write_text("USER = True\n")
+    if shape == "package":
+        (folder / "__init__.py").write_text('"""the user\'s own toolkit"""\nUSER = True\n')
+    return folder
+
+
+def _setup(tmp_path: Path, patched: str = RUNTIME_ONLY, installed: bool = True) -> tuple[Path, Path, Path | None]:
+    """(the engine's site, an empty working directory, the wheel-shaped install or None)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    return _site(tmp_path / "site", patched), work, _wheel_install(tmp_path / "installed") if installed else None
+
+
+def _run_from(work: Path, site: Path, installed: Path | None, launch: str = "-m", mode: str = "", *,
+              expect: str = "", site_packages: bool = False) -> tuple[dict, str]:
+    """The driver run from ``work`` the way an engine is started: ``-c`` (sys.path[0] is ""), ``-m`` (the
+    working directory's full path) or a script of the working directory (its folder); with -S unless
+    ``site_packages`` (this venv's, with its editable install of serving-toolkit)."""
+    import os
+
+    # PYTHONSAFEPATH would keep the working directory off sys.path: the engine's users do not set it
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH", "TOOLKIT_EXPECT_PATCHES")}
+    env.update(SITE=str(site), INSTALLED=str(installed or ""), MODE=mode)
+    if expect:
+        env["TOOLKIT_EXPECT_PATCHES"] = expect
+    flags = [] if site_packages else ["-S"]
+    if launch == "-c":
+        argv = [sys.executable, *flags, "-c", SHADOW_DRIVER]
+    else:
+        (work / "drive_engine.py").write_text(SHADOW_DRIVER)
+        argv = [sys.executable, *flags, *(["-m", "drive_engine"] if launch == "-m" else [str(work / "drive_engine.py")])]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=work, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def _installed_runtime() -> str:
+    import toolkit.patches.vllm.tito.runtime as runtime
+
+    return runtime.__file__
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("ERROR serving-toolkit:")]
+
+
+@pytest.mark.parametrize("launch", ["-c", "-m", "script"])
+@pytest.mark.parametrize("shape", ["package", "namespace", "module"])
+def test_a_toolkit_of_the_working_directory_does_not_switch_the_patches_off(tmp_path, launch, shape):
+    # (a folder without __init__.py never shadowed a regular package: kept here so that it stays so)
+    site, work, installed = _setup(tmp_path)
+    shadow = _user_toolkit(work, shape)
+    seen, stderr = _run_from(work, site, installed, launch)
+    assert seen["value"] == "patched" and not seen["release"], (seen, stderr)
+    ours = installed / "toolkit"
+    assert seen["runtime"] == str(ours / "patches" / "vllm" / "tito" / "runtime.py"), seen  # the installed one
+    assert seen["toolkit"] == str(ours / "__init__.py"), seen
+    assert seen["path_kept"], seen  # sys.path is the process's own again
+    assert "is not importable" not in stderr and not _errors(stderr), stderr
+    if shape != "namespace":
+        assert stderr.count("shadows serving-toolkit") == 1 and str(shadow) in stderr, stderr
+
+
+def test_a_shadowing_toolkit_package_under_an_editable_install_does_not_switch_the_patches_off(tmp_path):
+    # the editable install's import hook (this venv's) maps toolkit.patches under any `toolkit`, but not
+    # toolkit.patches.vllm.tito under a project's own toolkit/patches/vllm/: the runtime comes back
+    # through the import system (the hook), not only from sys.path
+    site, work, _ = _setup(tmp_path, installed=False)
+    shadow = _user_toolkit(work, "package")
+    (shadow / "patches" / "vllm").mkdir(parents=True)
+    (shadow / "patches" / "__init__.py").write_text("")
+    (shadow / "patches" / "vllm" / "__init__.py").write_text("")
+    seen, stderr = _run_from(work, site, None, site_packages=True)
+    assert seen["value"] == "patched" and not seen["release"], (seen, stderr)
+    assert seen["runtime"] == _installed_runtime() and not seen["toolkit"].startswith(str(work)), seen
+    assert stderr.count("shadows serving-toolkit") == 1 and str(shadow) in stderr and not _errors(stderr), stderr
+
+
+def test_a_user_toolkit_imported_before_the_engine_is_an_error_not_a_quiet_release(tmp_path):
+    site, work, installed = _setup(tmp_path)
+    shadow = _user_toolkit(work, "package")
+    # one `toolkit` per process, and the user's code holds its own: the patches cannot load, and it is said
+    seen, stderr = _run_from(work, site, installed, mode="user-first")
+    assert seen["value"] == "release" and seen["release"], seen
+    assert seen["toolkit"] == str(shadow / "__init__.py"), seen  # the user's toolkit is left as it was
+    errors = _errors(stderr)
+    assert len(errors) == 1, stderr
+    assert str(shadow) in errors[0] and "the patches cannot load" in errors[0] and "rename that folder" in errors[0]
+
+    seen, _ = _run_from(work, site, installed, mode="user-first", expect="tito")
+    assert seen["error"] == "ImportError", seen
+    assert "TOOLKIT_EXPECT_PATCHES is set" in seen["message"] and str(shadow) in seen["message"], seen
+
+
+def test_expect_patches_refuses_to_start_when_toolkit_is_gone(tmp_path):
+    site, work, _ = _setup(tmp_path, PATCHED, installed=False)
+    seen, stderr = _run_from(work, site, None, "-c", expect="tito")
+    assert seen["error"] == "ImportError", seen
+    message = seen["message"]
+    assert "serving-toolkit is not importable" in message and "TOOLKIT_EXPECT_PATCHES is set" in message, message
+    assert "refuses to start" in message and "toolkit revert vllm" in message, message
+    assert "\n" not in message and ". " not in message, message  # one sentence
+    assert "is not importable, but it patched" not in stderr  # nothing ran as the release
+
+
+def test_a_stray_folder_without_an_installed_toolkit_still_runs_the_release_quietly(tmp_path):
+    site, work, _ = _setup(tmp_path, installed=False)
+    _user_toolkit(work, "package")
+    seen, stderr = _run_from(work, site, None)
+    assert seen["value"] == "release" and seen["release"], seen
+    assert stderr.count("serving-toolkit is not importable") == 1 and not _errors(stderr), stderr
+    seen, _ = _run_from(work, site, None, expect="tito")
+    assert seen["error"] == "ImportError" and "TOOLKIT_EXPECT_PATCHES" in seen["message"], seen
+
+
+def test_an_installed_toolkit_without_the_runtime_is_an_error(tmp_path):
+    # what a serving-toolkit of another version than the one that patched the file gives
+    patched = "from toolkit.patches.vllm.no_such_patch import runtime as _toolkit_tito  # toolkit:x\nVALUE = 'patched'\n"
+    site, work, installed = _setup(tmp_path, patched)
+    seen, stderr = _run_from(work, site, installed)
+    assert seen["value"] == "release", seen
+    errors = _errors(stderr)
+    assert len(errors) == 1 and "toolkit.patches.vllm.no_such_patch" in errors[0], stderr
+    assert "pip install serving-toolkit==" in errors[0], errors

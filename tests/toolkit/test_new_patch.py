@@ -121,7 +121,7 @@ def test_the_command_writes_the_skeleton(tmp_path, capsys):
     assert 'engine="sglang"' in (tmp_path / "p" / "toolkit_patch_my_fix" / "patch.py").read_text()
 
     code, out, _ = new_patch_cli(capsys, "other-fix", "--engine", "vllm", "--dir", str(tmp_path / "q"))
-    assert code == 0 and "toolkit-patch-other-fix" in out and "pip install -e ." in out
+    assert code == 0 and "toolkit-patch-other-fix" in out and "pip install -e '.[test]'" in out
 
 
 def occupied(tmp_path: Path) -> str:

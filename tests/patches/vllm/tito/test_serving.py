@@ -415,3 +415,23 @@ def test_stock_server_does_not_use_superlinear(tito_server):
     log = tito_server.server.log_tail(10**7)  # the whole log: the backend is chosen at start-up
     assert "non-default args" in log, "the log does not reach back to the server's start"
     assert "superlinear attention on" not in log
+
+
+# --------------------------------------------------------------------------------------------------
+# a `toolkit` folder in the server's working directory (issue 49)
+
+
+def test_a_toolkit_folder_in_the_working_directory_leaves_the_patches_on(http, prompt_b, tito_server):
+    """The server was started (``python -m``, the working directory first on its sys.path) from a folder
+    with a ``toolkit/`` package of its own (conftest.user_toolkit_folder): the patched engine imported its
+    runtime from the installed serving-toolkit, said which folder shadowed it (once in each process that
+    imports patched files: the API server, and the engine core where it has one), and serves the patch.
+    Before issue 49 it ran as the release, with one quiet line: no ``prompt_token_ids``, ``input_ids``
+    ignored."""
+    log = tito_server.server.log_tail(10**7)
+    shadow = tito_server.server.cwd / "toolkit"
+    assert f"{shadow}, a folder of the working directory, shadows serving-toolkit" in log, log[:5000]
+    assert "ERROR serving-toolkit" not in log and "is not importable" not in log, log[:5000]
+    assert "Failed to load plugin" not in log, log[:5000]  # serving-toolkit's vLLM plugins load ours too
+    result = http.chat(messages=A, input_ids=prompt_b, max_tokens=2)
+    assert result.status == 200 and result.prompt_token_ids == prompt_b, result.body

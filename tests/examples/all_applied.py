@@ -1,0 +1,73 @@
+"""Run by tests/examples/test_every_example.py in a subprocess whose PYTHONPATH holds the installed
+examples: for one example patch, on every release it declares (the cached slim trees, offline), apply
+it together with every first-party patch that supports the release, on a copy of all their files;
+check each one's marker and `applied` status; revert all; the files must be the release's bytes.
+
+Prints one JSON object: {"dist==version": {"applied": [ids], "problems": [...]}} (no problem where
+all is well).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from toolkit import engine, patch_registry, releases
+from toolkit.errors import PatchError
+from toolkit.testing import copy_files, digests
+
+
+def first_party(patch) -> bool:
+    """One of serving-toolkit's own patches: its codemods live in the ``toolkit`` package."""
+    refs = [ref for edit in patch.files for ref in edit.transformers]
+    return all(isinstance(ref, str) and ref.startswith("toolkit.") for ref in refs)
+
+
+def problems_on(patch_id: str, dist: str, version: str) -> tuple[list[str], list[str]]:
+    """(the ids applied together, what went wrong)."""
+    (patch,) = [p for p in patch_registry.registry() if p.id == patch_id]
+    catalog = patch_registry.catalog(patch.engine)
+    together = [p for p in catalog.patches if p.id == patch_id or (first_party(p) and p.supports(version))]
+    relpaths = sorted({edit.relpath for p in together for edit in p.files_for(version)})
+    tree = releases.release_tree(dist, version, sorted(catalog.relpaths()), offline=True)
+    with tempfile.TemporaryDirectory(prefix="toolkit-all-applied-") as tmp:
+        installed = copy_files(tree, relpaths, Path(tmp))
+        pristine = digests(installed, relpaths)
+        ids = [p.id for p in together]
+        try:
+            engine.apply(installed, ids, allow_unknown_version=True, catalog=catalog)
+        except PatchError as exc:
+            return ids, [f"apply of {', '.join(ids)} refused: {exc}"]
+        problems = []
+        states = {s.patch_id: s.state for s in engine.status(installed, catalog=catalog)}
+        problems += [f"{i} is {states.get(i)} with all applied" for i in ids if states.get(i) != engine.APPLIED]
+        for p in together:
+            for edit in p.files_for(version):
+                text = (Path(installed.package_dir) / edit.relpath).read_text()
+                if f"# toolkit:{p.id}" not in text:
+                    problems.append(f"{edit.relpath}: no marker of {p.id} with all applied")
+                try:
+                    compile(text, edit.relpath, "exec")
+                except SyntaxError as exc:
+                    problems.append(f"{edit.relpath} does not compile with all applied: {exc}")
+        engine.revert(installed, catalog=catalog)
+        changed = sorted(r for r, d in digests(installed, relpaths).items() if d != pristine[r])
+        if changed:
+            problems.append(f"revert of all is not byte-identical: {changed}")
+        return ids, problems
+
+
+def main(patch_id: str) -> int:
+    (patch,) = [p for p in patch_registry.registry() if p.id == patch_id]
+    report = {}
+    for dist, version in releases.releases_of(patch.engine, patch.versions):
+        applied, problems = problems_on(patch_id, dist, version)
+        report[f"{dist}=={version}"] = {"applied": applied, "problems": problems}
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,151 @@
+"""Every example patch package under examples/ (one folder with a pyproject.toml each), used as a user
+would: its wheel installed beside serving-toolkit in a folder of its own put on PYTHONPATH (never into
+the dev venv, whose registry every other test reads). For each example:
+
+* `toolkit list` shows it (only where it is installed), with its declared range and files;
+* its own tests (golden, conformance) pass against the installed wheel;
+* `toolkit matrix --offline` on the cached release trees declares exactly its releases, and there
+  finds every anchor and passes the golden check;
+* on every release it declares, applied together with every first-party patch that supports the
+  release, each carries its marker and is `applied`, and reverting all gives the release's bytes
+  (tests/examples/all_applied.py, on the cached slim trees: no server).
+
+The wheels: scripts/test.sh's setup builds them into <cache>/example-wheels (scripts/example_wheels.py);
+one that no longer matches its sources is built here. The behaviour on a real server is
+test_clamp_max_tokens.py's (the one example whose fix shows on a CPU vLLM; see each example's README).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.harness.fixtures import REPO_ROOT, toolkit_cache_dir
+
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+import example_wheels  # noqa: E402  (scripts/ is no package)
+
+EXAMPLES = example_wheels.examples()
+
+
+def declared(example: Path) -> dict:
+    project = tomllib.loads((example / "pyproject.toml").read_text())
+    (patch_id, target), = project["project"]["entry-points"]["toolkit.patches"].items()
+    return {"package": project["tool"]["setuptools"]["packages"][0], "patch_id": patch_id, "target": target,
+            "entry_points": project["project"]["entry-points"]}
+
+
+def _wheel_matches_sources(wheel: Path, example: Path) -> bool:
+    package = declared(example)["package"]
+    sources = {f"{package}/{p.name}": p.read_bytes() for p in (example / package).glob("*.py")}
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        packaged = {n: archive.read(n) for n in names if n.startswith(f"{package}/")}
+        points = next((archive.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt")), "")
+    written = {group: dict(line.split(" = ", 1) for line in body.strip().splitlines())
+               for group, _, body in (section.partition("]\n") for section in points.split("[")[1:])}
+    return packaged == sources and written == declared(example)["entry_points"]
+
+
+@pytest.fixture(scope="module")
+def examples_dir(tmp_path_factory) -> Path:
+    """One folder holding every installed example (``pip install --target``), for PYTHONPATH."""
+    wheels = []
+    for example in EXAMPLES:
+        name = f"toolkit_example_{example.name}-*.whl"
+        cached = [w for w in sorted((toolkit_cache_dir() / "example-wheels").glob(name))
+                  if _wheel_matches_sources(w, example)]
+        wheels.append(cached[0] if cached else example_wheels.build(example, tmp_path_factory.mktemp("wheels")))
+    target = tmp_path_factory.mktemp("examples-installed")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                    *map(str, wheels)], check=True, capture_output=True, text=True)
+    return target
+
+
+def run(examples_dir: Path | None, *args: str, cwd: Path | str = "/") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if examples_dir is not None:
+        env["PYTHONPATH"] = str(examples_dir)
+    return subprocess.run([sys.executable, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+def patch_of(example: Path):
+    """The example's ``PATCH``, read from its sources (the declaration imports only toolkit.declare)."""
+    module, _, name = declared(example)["target"].partition(":")
+    sys.path.insert(0, str(example))
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    finally:
+        sys.path.remove(str(example))
+
+
+IDS = [e.name for e in EXAMPLES]
+
+
+def test_there_are_the_worked_example_and_the_three_frameworks_fixes():
+    # prime-rl (vLLM), verl (SGLang), slime (SGLang); clamp_max_tokens is the worked example
+    assert {"clamp_max_tokens", "kv_xfer_tolerate_freed", "sigquit_main_thread", "decode_drain_transferred"} <= set(IDS)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=IDS)
+def test_toolkit_list_shows_it_only_where_it_is_installed(examples_dir, example):
+    patch = patch_of(example)
+    listed = run(examples_dir, "-m", "toolkit", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = {(p["engine"], p["id"]): p for p in json.loads(listed.stdout)["patches"]}
+    row = rows[(patch.engine, patch.id)]
+    assert row["versions"] == patch.versions
+    assert row["files"] == [edit.relpath for edit in patch.files]
+    assert ("vllm", "tito") in rows  # serving-toolkit's own are still there
+    alone = run(None, "-m", "toolkit", "list", "--json")
+    assert patch.id not in {p["id"] for p in json.loads(alone.stdout)["patches"]}
+
+
+@pytest.mark.slow
+@pytest.mark.packaging  # runs a built package's own suite: CI, not the quick loop
+@pytest.mark.parametrize("example", EXAMPLES, ids=IDS)
+def test_its_own_tests_pass_against_the_installed_wheel(examples_dir, example, tmp_path):
+    # cwd outside the sources: the tests import the wheel's package from PYTHONPATH
+    result = run(examples_dir, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "--rootdir", str(example),
+                 "-c", str(example / "pyproject.toml"), str(example / "tests"), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+    package = declared(example)["package"]
+    imported = run(examples_dir, "-c", f"import {package}; print({package}.__file__)", cwd=tmp_path)
+    assert imported.stdout.strip().startswith(str(examples_dir)), imported
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=IDS)
+def test_the_matrix_proves_it_on_every_release_it_declares_from_the_cached_trees(examples_dir, example):
+    from toolkit import releases
+
+    patch = patch_of(example)
+    matrix = run(examples_dir, "-m", "toolkit", "matrix", patch.engine, "--patch", patch.id, "--offline", "--json")
+    assert matrix.returncode == 0, matrix.stdout[-3000:] + matrix.stderr[-3000:]
+    cells = {(c["dist"], c["version"]): c for c in json.loads(matrix.stdout)["cells"]}
+    assert set(cells) == set(releases.releases_of(patch.engine, ">=0"))
+    proved = {release: c for release, c in cells.items() if c["declared"]}
+    assert set(proved) == set(releases.releases_of(patch.engine, patch.versions))
+    assert all(c["golden"] == "ok" and c["anchors_found"] == c["anchors_total"] > 0 for c in proved.values()), proved
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=IDS)
+def test_it_applies_with_every_first_party_patch_and_all_revert_byte_identically(examples_dir, example):
+    patch = patch_of(example)
+    result = run(examples_dir, str(REPO_ROOT / "tests" / "examples" / "all_applied.py"), patch.id, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    from toolkit import releases
+
+    assert set(report) == {f"{d}=={v}" for d, v in releases.releases_of(patch.engine, patch.versions)}
+    assert not {release: r["problems"] for release, r in report.items() if r["problems"]}, report
+    for release, r in report.items():  # the example and toolkit's own: tito supports every release
+        assert patch.id in r["applied"] and "tito" in r["applied"] and len(r["applied"]) >= 3, (release, r)

@@ -1,0 +1,74 @@
+"""The release cache as documented: a matrix or conformance run keeps only slim trees (a release's
+edited files and its METADATA); a wheel it downloads is deleted once the slim tree is cut. A wheel
+already in the cache (scripts/fetch_sources.py's, which the test setup builds engine venvs from) stays.
+
+Real pip downloads a real wheel, from a local folder (``PIP_FIND_LINKS``, ``PIP_NO_INDEX``: no network):
+a stand-in SGLang 0.5.9 (one of the releases whose wheels used to be kept, 777 MB of them in issue 51)."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.toolkit import demo_patches
+from toolkit import matrix, patch_registry, releases
+from toolkit.testing import conformance_problems
+
+RELEASE = ("sglang", "0.5.9")
+WHEEL = "sglang-0.5.9-py3-none-any.whl"
+
+
+@pytest.fixture
+def index(tmp_path, monkeypatch) -> Path:
+    """A package index of one wheel, and an empty release cache."""
+    site = demo_patches.make_engine_tree(tmp_path / "build")
+    (site / "sglang-0.5.9.dist-info" / "WHEEL").write_text("Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    demo_patches.write_record(site)
+    folder = tmp_path / "index"
+    folder.mkdir()
+    with zipfile.ZipFile(folder / WHEEL, "w") as wheel:
+        for path in sorted(site.rglob("*")):
+            if path.is_file():
+                wheel.write(path, str(path.relative_to(site)))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(patch_registry, "registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
+    return folder
+
+
+def cached_files(cache: Path) -> list[str]:
+    return sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def assert_only_the_slim_tree(cache: Path) -> None:
+    assert list(cache.rglob("*.whl")) == []
+    assert cached_files(cache) == ["sources-slim/sglang-0.5.9/sglang-0.5.9.dist-info/METADATA",
+                                   "sources-slim/sglang-0.5.9/sglang/srt/protocol.py",
+                                   "sources-slim/sglang-0.5.9/sglang/srt/serving.py"]
+    assert releases.slim_requested(releases.slim_dir(*RELEASE)) == {"srt/protocol.py", "srt/serving.py"}
+
+
+def test_a_conformance_run_leaves_only_the_slim_tree(index):
+    assert conformance_problems("demo", releases=[RELEASE]) == {"sglang==0.5.9": []}
+    assert_only_the_slim_tree(releases.cache_dir())
+    # the next run reads the slim tree: no download (the index is gone)
+    (index / WHEEL).unlink()
+    assert conformance_problems("second", releases=[RELEASE]) == {"sglang==0.5.9": []}
+
+
+def test_a_matrix_run_leaves_only_the_slim_tree(index):
+    cells = matrix.run(patch_registry.registry(), [RELEASE])
+    assert {(c.patch, c.golden) for c in cells} == {("demo", "ok"), ("second", "ok")}
+    assert_only_the_slim_tree(releases.cache_dir())
+
+
+def test_a_wheel_already_cached_stays(index):
+    wheels = releases.sources_dir() / "wheels"
+    wheels.mkdir(parents=True)
+    (wheels / WHEEL).write_bytes((index / WHEEL).read_bytes())  # as scripts/fetch_sources.py keeps it
+    releases.ensure_slim(*RELEASE, ["srt/serving.py"])
+    assert (wheels / WHEEL).is_file()
+    assert releases.slim_requested(releases.slim_dir(*RELEASE)) == {"srt/serving.py"}
