@@ -170,10 +170,10 @@ def test_what_a_new_user_trips_over_is_never_a_traceback(wheel, tmp_path):
         ([toolkit, "status", "--python", str(hang)], {"TOOLKIT_PROBE_TIMEOUT": "1"}, "/", (2,), "within 1 s"),
         ([toolkit, "apply-patch", "--patch", "patch-sweep", "--python", str(engine)], {}, "/", (2,),
          "vLLM is not installed"),
-        ([toolkit, "repair", "--python", str(engine)], {"TOOLKIT_CACHE_DIR": "~nosuchuser29/x"}, "/", (1,),
+        ([toolkit, "repair", "--python", str(engine)], {"TOOLKIT_CACHE_DIR": "~nosuchuser29/x"}, "/", (2,),
          "home folder that does not exist"),
         ([toolkit, "repair", "--python", str(engine)], {"TOOLKIT_DEBUG": "0", "TOOLKIT_CACHE_DIR": "~nosuchuser29/x"},
-         "/", (1,), "home folder that does not exist"),
+         "/", (2,), "home folder that does not exist"),
         ([toolkit, "apply-patch", "--lock-timeout", "nan"], {}, "/", (2,), "finite"),
     ]
     for argv, env, cwd, codes, words in cases:

