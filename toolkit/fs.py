@@ -38,6 +38,26 @@ def mkdir(path: Path, mode: int) -> None:
     os.chmod(path, mode)
 
 
+def make_dirs(path: Path, mode: int = 0o755) -> None:
+    """``path`` and each missing folder above it, every one created with exactly ``mode`` (``os.makedirs``
+    gives the parents 0777 under umask 0: a cache folder others could write into)."""
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            mkdir(folder, mode)
+        except FileExistsError:  # another process made it meanwhile
+            pass
+
+
+def writable_by_others(path: Path) -> bool:
+    """Owned by another user, or group- or world-writable: what such a path holds may be anyone's."""
+    info = os.lstat(path)
+    return info.st_uid != os.geteuid() or bool(info.st_mode & 0o022)
+
+
 def chmod(path: Path | str, mode: int) -> None:
     os.chmod(path, mode)
 

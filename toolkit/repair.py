@@ -86,7 +86,7 @@ def pip_download(python: str) -> FetchRelease:
         stem = f"{distribution.replace('-', '_')}-{version}-"
         found = [wheel for wheel in sorted(cache.glob(f"{stem}*.whl")) if _whole_or_dropped(wheel)]
         if not found:
-            cache.mkdir(parents=True, exist_ok=True)
+            fs.make_dirs(cache)  # 0755 whatever the umask: no one else puts a wheel there
             proc = subprocess.run(
                 [python or sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                  "-d", str(cache), f"{distribution}=={version}"],

@@ -10,7 +10,8 @@ Only the patches of this distribution are kept: every transformer's module must 
 ``toolkit`` package (``toolkit.patches`` included), whose ``.py`` files are all part of every key, with
 libcst's and Python's versions. A change to any of them is a new key; a transformer from elsewhere (an
 out-of-tree patch, a test's) is never kept. An entry that cannot be read is a miss, never an error; one
-that cannot be written is skipped. Unset (the default), nothing is read or written.
+that cannot be written is skipped, and one in a folder another user could write is never read (an
+entry is a pickle). Unset (the default), nothing is read or written.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Hashable, Sequence
+
+from toolkit import fs
 
 CACHE_ENV = "TOOLKIT_CODEMOD_CACHE"
 _FORMAT = 1
@@ -96,6 +99,9 @@ def read(path: Path | None) -> Any:
     if path is None:
         return None
     try:
+        # an entry is unpickled, which runs code: only one this user wrote, in a folder no one else can write
+        if fs.writable_by_others(path.parent) or fs.writable_by_others(path):
+            return None
         return pickle.loads(path.read_bytes())
     except Exception:  # noqa: BLE001 - missing, partial or foreign: a miss
         return None
@@ -106,7 +112,7 @@ def write(path: Path | None, value: Any) -> None:
         return
     partial = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        fs.make_dirs(path.parent)  # 0755 whatever the umask: read() refuses a folder others can write
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=".partial-")
         with os.fdopen(handle, "wb") as out:
             pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)

@@ -300,3 +300,22 @@ def test_every_cached_bytecode_of_a_replaced_file_goes_and_no_other(tmp_path):
         path.write_bytes(b"patched")
     engine.revert(installed)
     assert [p for p in stale if p.exists()] == [] and all(p.exists() for p in kept)
+
+
+def test_the_release_wheel_cache_is_made_0755_whatever_the_umask(tmp_path, monkeypatch):
+    """`repair` downloads the release's wheel into $TOOLKIT_CACHE_DIR/wheels: under umask 0 its folders
+    were 0777 (Path.mkdir(parents=True)), so anyone could put a wheel there for the next repair."""
+    from toolkit.repair import pip_download
+
+    monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path / "cache" / "toolkit"))
+    no_pip = tmp_path / "python"
+    no_pip.write_text("#!/bin/sh\necho 'no index here' >&2\nexit 1\n")
+    no_pip.chmod(0o755)
+    old_umask = os.umask(0)
+    try:
+        with pytest.raises(PatchError, match="could not download sglang==0.5.9"):
+            pip_download(str(no_pip))("sglang", "0.5.9")
+    finally:
+        os.umask(old_umask)
+    for folder in (tmp_path / "cache", tmp_path / "cache" / "toolkit", tmp_path / "cache" / "toolkit" / "wheels"):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder

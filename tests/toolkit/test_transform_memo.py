@@ -4,6 +4,9 @@ again is not parsed again, and nothing a result depends on is left out of what i
 from __future__ import annotations
 
 import functools
+import os
+import pickle
+import stat
 from pathlib import Path
 
 import libcst as cst
@@ -242,3 +245,44 @@ def test_an_entry_write_that_fails_or_is_interrupted_leaves_no_temp_file(tmp_pat
     monkeypatch.setattr(transform_cache.pickle, "dump", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "full")))
     transform_cache.write(entry, ("after", [], True))  # a full disk: no entry, no error
     assert list(entry.parent.iterdir()) == []
+
+
+class _Planted:
+    """A pickle that runs code when loaded: what another user could plant in a cache folder they can write."""
+
+    def __init__(self, witness: Path) -> None:
+        self.witness = witness
+
+    def __reduce__(self):
+        return (Path.touch, (self.witness,))
+
+
+def test_a_cache_folder_others_can_write_is_never_read_and_ours_is_made_0755(kept, parses, tmp_path, monkeypatch):
+    """Entries are pickles: one planted by another user would run its code in every apply. Under umask 0
+    the cache's folders are made 0755 (os.makedirs made them 0777 before); an entry in a folder others can
+    write, or an entry others can write, is a miss, and never unpickled."""
+    nested = tmp_path / "a" / "b" / "codemods"
+    monkeypatch.setenv(transform_cache.CACHE_ENV, str(nested))
+    old_umask = os.umask(0)
+    try:
+        first = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    finally:
+        os.umask(old_umask)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", nested):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o755, folder
+    (entry,) = nested.iterdir()
+    witness = tmp_path / "ran"
+    entry.write_bytes(pickle.dumps(_Planted(witness)))
+    for writable in (nested, entry):
+        writable.chmod(0o777 if writable.is_dir() else 0o666)
+        transform.forget()
+        again = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+        assert not witness.exists(), "the planted pickle was loaded"
+        assert again.after == first.after
+        writable.chmod(0o755 if writable.is_dir() else 0o600)
+        entry.write_bytes(pickle.dumps(_Planted(witness)))
+    assert len(parses) == 3, "each refused entry was a miss: libcst ran again"
+    # the same entry in a folder and file only this user can write is read (so the refusal above is the mode)
+    transform.forget()
+    transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
+    assert witness.exists()
