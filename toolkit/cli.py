@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from dataclasses import asdict
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from rich.console import Console
 
@@ -48,8 +48,8 @@ class _Parser(argparse.ArgumentParser):
         self.argv = list(sys.argv[1:] if args is None else args)  # to find the subcommand of an unknown option
         return super().parse_args(args, namespace)
 
-    def error(self, message: str) -> None:  # one sentence and what to do next, exit 2
-        parser = self
+    def error(self, message: str) -> NoReturn:  # one sentence and what to do next, exit 2
+        parser: argparse.ArgumentParser = self
         if message.startswith("unrecognized arguments:"):  # reported by the top parser for a subcommand
             command = next((word for word in self.argv if word in self.commands), None)
             parser = self.commands.get(command, self) if command else self
@@ -374,7 +374,7 @@ def cmd_matrix(args: argparse.Namespace, console: Console) -> int:
         status_line.start()
     try:
         cells = matrix.run(patches, chosen, offline=args.offline, known=selection.known,
-                           progress=status_line and (lambda line: status_line.update(f"matrix: {line}")))
+                           progress=(lambda line: status_line.update(f"matrix: {line}")) if status_line else None)
     finally:
         if status_line:
             status_line.stop()

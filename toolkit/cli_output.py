@@ -38,7 +38,9 @@ def stdout_console(quiet: bool = False) -> Console:
         terminal = sys.stdout.isatty()
     except (ValueError, AttributeError):  # closed, or no real file behind it
         terminal = False
-    return OutputConsole(file=StdoutFile(sys.stdout), quiet=quiet, width=None if terminal else PIPE_WIDTH)
+    # StdoutFile has the part of a text stream rich uses (write, flush, isatty, ...), not all of IO[str]
+    return OutputConsole(file=StdoutFile(sys.stdout), quiet=quiet,  # type: ignore[arg-type]
+                         width=None if terminal else PIPE_WIDTH)
 
 
 class StdoutError(Exception):

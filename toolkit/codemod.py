@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar, Mapping, Sequence
+from typing import Callable, ClassVar, Mapping, Sequence, TypeVar
 
 import libcst as cst
 import libcst.matchers as m
 
 from toolkit.declare import ENGINES, FileEdit, Patch, PatchContext  # noqa: F401 (the names patches import)
+
+# Kit API v1 (docs/kit-reference.md); the declarations are re-exported because patches import them from here.
+__all__ = ["AnchoredTransformer", "class_named", "in_method", "self_call", "has_params", "is_field",
+           "after_last_field", "with_body", "MODULE", "FileEdit", "Patch", "PatchContext"]
 
 RUNTIME_ANCHOR = "runtime-import"
 MODULE = ""  # INSIDE's key for module-level functions
@@ -27,10 +31,13 @@ def class_named(names: str | Sequence[str]) -> m.ClassDef:
     return m.ClassDef(name=m.OneOf(*(m.Name(name) for name in names)) if len(names) > 1 else m.Name(names[0]))
 
 
-def in_method(class_name: str | Sequence[str], method: str):
+_Edit = TypeVar("_Edit", bound=Callable[..., object])
+
+
+def in_method(class_name: str | Sequence[str], method: str) -> Callable[[_Edit], _Edit]:
     """Gate a matcher-decorated edit to the inside of ``class_name.method`` (the method itself included);
     ``class_name`` may name several classes."""
-    def gate(function):
+    def gate(function: _Edit) -> _Edit:
         return m.call_if_inside(class_named(class_name))(
             m.call_if_inside(m.FunctionDef(name=m.Name(method)))(function))
     return gate
@@ -71,7 +78,10 @@ def after_last_field(body: Sequence[cst.BaseStatement], new: cst.BaseStatement |
     return [*body[:position], *new, *body[position:]]
 
 
-def with_body(node: cst.ClassDef | cst.FunctionDef, body: Sequence[cst.BaseStatement]):
+_ClassOrFunction = TypeVar("_ClassOrFunction", cst.ClassDef, cst.FunctionDef)
+
+
+def with_body(node: _ClassOrFunction, body: Sequence[cst.BaseStatement]) -> _ClassOrFunction:
     """``node`` with its block's statements replaced."""
     return node.with_changes(body=node.body.with_changes(body=list(body)))
 
@@ -157,7 +167,7 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
     def insert_after_first_import(self, module: cst.Module, code: str, anchor: str) -> cst.Module:
         """Insert ``code`` after the module's first import that is not ``from __future__``; records
         ``anchor`` when such an import exists."""
-        body = list(module.body)
+        body: list[cst.BaseStatement] = list(module.body)
         future = m.SimpleStatementLine(body=[m.ImportFrom(module=m.Name("__future__"))])
         for position, statement in enumerate(body):
             if m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()])) and not m.matches(
@@ -241,6 +251,7 @@ class AnchoredTransformer(m.MatcherDecoratableTransformer):
         validator = cst.parse_statement(
             '@model_validator(mode="before")\n@classmethod\n'
             f"def {name}(cls, data):\n    return {function}(data)\n")
+        assert isinstance(validator, cst.FunctionDef)  # the code above is one decorated def
         return validator.with_changes(
             leading_lines=[cst.EmptyLine(indent=False), cst.EmptyLine(comment=cst.Comment(self.marker))])
 

@@ -15,6 +15,9 @@ from typing import Any, Callable, Sequence, Union
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+# Kit API v1 (docs/writing-patches.md, "What is public"; docs/kit-reference.md).
+__all__ = ["Patch", "FileEdit", "PatchContext", "KIT_VERSION"]
+
 # The patch kit's public API (docs/writing-patches.md: toolkit.declare, toolkit.codemod, toolkit.testing,
 # toolkit.releases, the `toolkit.patches` entry points): raised by any change that breaks a patch
 # package written against it, and listed in CHANGELOG.md.
@@ -71,6 +74,16 @@ class FileEdit:
 
 @dataclass(frozen=True)
 class Patch:
+    """One patch: its ``id``, its ``engine`` (``"vllm"`` or ``"sglang"``), the one PEP 440 range of
+    ``versions`` it is proved on, the ``files`` it edits (each a :class:`FileEdit`) and a one-line
+    ``summary``; optionally the ``runtime_modules`` its injected code imports, its ``toolkit verify``
+    checks (``verify_checks``, ``verify_env``), the releases that need no patch (``not_needed``) and the
+    patches it applies ``after``. A patch package exposes it as ``PATCH`` in its ``patch.py``;
+    construction refuses (``ValueError``/``TypeError``) an unknown engine, a ``versions`` that is not one
+    range with an upper bound, an ``after`` given as a string, and a file declared twice or in a range
+    that misses the patch's.
+    """
+
     id: str
     engine: str
     # One PEP 440 range with an upper bound, the newest release the tests prove: ">=0.5.9,<=0.5.23".

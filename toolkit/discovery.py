@@ -127,6 +127,7 @@ def _record_agreement(dist: "importlib.metadata.Distribution", package_dir: Path
             if same and hashed < OWNER_SAMPLE and size <= OWNER_SAMPLE_BYTES:
                 hashed += 1
                 digest = base64.urlsafe_b64encode(hashlib.sha256(path.read_bytes()).digest()).rstrip(b"=")
+                assert entry.hash is not None  # rows holds only entries with a sha256 hash
                 same = digest.decode() == entry.hash.value.rstrip("=")
         except OSError:
             same = False
@@ -170,7 +171,8 @@ def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
 
     claims: dict[str, list[tuple[str, importlib.metadata.Distribution]]] = {}
     for dist in importlib.metadata.distributions():
-        name = _normalize(dist.metadata.get("Name") or "")
+        # an email.message.Message: its .get is missing from importlib.metadata's PackageMetadata protocol
+        name = _normalize(dist.metadata.get("Name") or "")  # type: ignore[attr-defined]
         if name in ENGINE_DISTRIBUTIONS:
             claims.setdefault(ENGINE_DISTRIBUTIONS[name][0], []).append((name, dist))
     found = []
@@ -264,9 +266,9 @@ def _probe(python: str, *args: str) -> subprocess.CompletedProcess:
 
     previous: dict[int, object] = {}
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(signum) not in (signal.SIG_IGN, None):
-                previous[signum] = signal.signal(signum, stop)
+        for caught in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(caught) not in (signal.SIG_IGN, None):
+                previous[caught] = signal.signal(caught, stop)
     try:
         out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -294,6 +296,7 @@ def find_engines(python: str | None = None) -> list[InstalledEngine]:
     python = interpreter(python)
     if _is_here(python):
         return find_engines_here()
+    assert python is not None  # _is_here(None) is True
     from toolkit.errors import UsageError
 
     if not Path(python).exists():
@@ -326,6 +329,7 @@ def site_dirs(python: str | None = None) -> list[Path]:
     if _is_here(python):
         paths: object = site_dirs_here()
     else:
+        assert python is not None  # _is_here(None) is True
         find_engines(python)  # the same checks and sentences for an interpreter that is not one
         proc = _probe(python, "--site-dirs")
         try:

@@ -23,7 +23,7 @@ def read_bytes(path: Path) -> bytes:
         return handle.read()
 
 
-def lstat(path: Path) -> os.stat_result:
+def lstat(path: str | Path) -> os.stat_result:
     return os.lstat(path)
 
 

@@ -170,7 +170,9 @@ def _runtime_import(statement: cst.BaseStatement) -> tuple[str, str] | None:
     ``from <package> import runtime as N  # toolkit:<id>`` (its codemod's RUNTIME, marked)."""
     if not m.matches(statement, m.SimpleStatementLine(body=[m.ImportFrom()])):
         return None
+    assert isinstance(statement, cst.SimpleStatementLine)  # matched above
     node = statement.body[0]
+    assert isinstance(node, cst.ImportFrom)  # matched above
     module = cst.helpers.get_full_name_for_node(node.module) if node.module else ""
     if not module or node.relative:
         return None
@@ -183,7 +185,9 @@ def _runtime_import(statement: cst.BaseStatement) -> tuple[str, str] | None:
     alias = node.names[0]
     if alias.asname is None or cst.helpers.get_full_name_for_node(alias.name) != "runtime":
         return None
-    return cst.helpers.get_full_name_for_node(alias.asname.name), module
+    name = cst.helpers.get_full_name_for_node(alias.asname.name)
+    assert name is not None  # an import's `as` target is always a plain Name
+    return name, module
 
 
 def guard_runtime_imports(source: str, engine: str, backup: str) -> str:

@@ -106,7 +106,7 @@ def held() -> Iterator[Held]:
         if deferral is not None:
             deferral.pending.extend(holder.pending)
         else:
-            for signum in dict.fromkeys(holder.pending):
-                signal.raise_signal(signum)  # with its own handler again: KeyboardInterrupt, or the default
+            for pending in dict.fromkeys(holder.pending):
+                signal.raise_signal(pending)  # with its own handler again: KeyboardInterrupt, or the default
     if stopped is not None:  # the program's own handler chose not to stop it: still say what happened
         raise PatchError(f"{stopped}; every file was put back as it was, nothing changed") from None

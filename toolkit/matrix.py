@@ -23,6 +23,10 @@ from toolkit.patch_registry import Catalog
 from toolkit.sources import SourceTree
 from toolkit.testing import anchor_problems, golden_problems
 
+# Kit API v1: what `toolkit matrix` is made of, for a script that builds its own table
+# (scripts/compat_matrix.py); docs/kit-reference.md.
+__all__ = ["Cell", "choose_releases", "evaluate", "run", "problems"]
+
 
 @dataclass
 class Cell:

@@ -351,7 +351,8 @@ def _refuse_unrecorded_marks(engine: InstalledEngine, catalog: Catalog, revertin
 def _refuse_drift(engine: InstalledEngine, manifest: Manifest | None, originals: dict[str, bytes],
                   current_sha: dict[str, str | None], force: bool, reverting: bool) -> None:
     """Files changed since patched are left alone unless forced."""
-    drifted, deleted = [], []
+    drifted: list[str] = []
+    deleted: list[str] = []
     for relpath, current in current_sha.items():
         record = manifest.files.get(relpath) if manifest else None
         if record is not None and file_state(current, record) in ("drifted", "missing"):

@@ -32,6 +32,9 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from toolkit.errors import PatchError, UsageError
 
+# Kit API v1 (docs/writing-patches.md, "What is public"; docs/kit-reference.md).
+__all__ = ["KNOWN_RELEASES", "releases_of", "release_tree"]
+
 if TYPE_CHECKING:
     from toolkit.sources import SourceTree
 
@@ -108,7 +111,7 @@ def locked(path: Path, holder: str = "another fetch is running") -> Iterator[Non
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def source_lock(dist: str, version: str):
+def source_lock(dist: str, version: str) -> contextlib.AbstractContextManager[None]:
     """The lock for fetching ``dist==version``: one per release, so two runs never fetch the same wheel
     at once and different wheels download side by side."""
     return locked(sources_dir() / f".{dist}-{version}.lock", f"another run is fetching {dist}=={version}")

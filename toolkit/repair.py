@@ -29,7 +29,7 @@ from toolkit.errors import CorruptManifest, PatchError, UsageError, io_error
 from toolkit.journal import FileChange, read_or_none, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in
 from toolkit.plan import engine_file, refuse_links
-from toolkit.sources import load_source
+from toolkit.sources import SourceTree, load_source
 from toolkit.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.version import __version__
 
@@ -53,7 +53,9 @@ def record_hashes(engine: InstalledEngine) -> dict[str, str]:
     through ``importlib.metadata``, whose file entries carry RECORD's urlsafe-base64 hashes)."""
     package = Path(engine.package_dir).name
     for dist in metadata.distributions(path=[str(engine.site_dir)]):
-        if (_normalize(dist.metadata.get("Name") or ""), dist.version) != (engine.distribution, engine.version):
+        # an email.message.Message: its .get is missing from importlib.metadata's PackageMetadata protocol
+        name = _normalize(dist.metadata.get("Name") or "")  # type: ignore[attr-defined]
+        if (name, dist.version) != (engine.distribution, engine.version):
             continue
         files = dist.files  # None: RECORD missing or unreadable
         if files is None:
@@ -187,7 +189,8 @@ class _Release:
     """The release's files, fetched on first need only (the backups usually suffice)."""
 
     def __init__(self, engine: InstalledEngine, fetch: FetchRelease) -> None:
-        self.engine, self.fetch, self.source = engine, fetch, None
+        self.engine, self.fetch = engine, fetch
+        self.source: SourceTree | None = None
 
     def read(self, relpath: str) -> bytes | None:
         if self.source is None:

@@ -63,7 +63,8 @@ def _owner_first(origin: Path, claims: list[tuple[str, str, Path]]) -> list[tupl
     if len(claims) > 1:
         engine, package = ENGINE_DISTRIBUTIONS[claims[0][0]]
         rivals = [c for c in claims if ENGINE_DISTRIBUTIONS[c[0]] == (engine, package)]
-        dists = [(name, importlib.metadata.PathDistribution(info)) for name, _, info in rivals]
+        dists: list[tuple[str, importlib.metadata.Distribution]] = [
+            (name, importlib.metadata.PathDistribution(info)) for name, _, info in rivals]
         first = rivals[dists.index(owning_distribution(origin / package, engine, dists))]
         claims = [first] + [c for c in claims if c is not first]
     return [(name, version) for name, version, _ in claims]

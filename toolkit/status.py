@@ -117,7 +117,7 @@ def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
                 detail = f"{verb} was interrupted; run apply-patch or revert to finish"
         relabelled = manifest is not None and not stale and (manifest.distribution, manifest.engine_version) != (
             engine.distribution, engine.version)
-        if relabelled and not detail and patch.id in manifest.patches:  # the files decide (plan.stale_manifest)
+        if relabelled and manifest is not None and not detail and patch.id in manifest.patches:  # the files decide (plan.stale_manifest)
             detail = (f"patched as {manifest.distribution} {manifest.engine_version}; the metadata now says "
                       f"{engine.distribution} {engine.version} over the same patched files")
         if manifest is not None and not stale and state in (APPLIED, PARTIAL):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 from toolkit.verify.client import ChatClient, ChatOutcome, HTTPStatusError, ServerGone
 
@@ -289,7 +289,7 @@ def skips_before_serving(target: Target, names: list[str] | None = None,
     started for such a run would answer nothing."""
     checks = all_checks() if checks is None else list(checks)
     skips = [patch_skip(check, target) for check in checks if not names or check.name in names]
-    return skips if all(skips) else None
+    return cast("list[CheckResult]", skips) if all(skips) else None  # all(): not one is None
 
 
 def run_checks(target: Target, names: list[str] | None = None,

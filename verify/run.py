@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 from toolkit.errors import UsageError
 from toolkit.extras import require
@@ -16,7 +16,7 @@ from toolkit.extras import require
 require("verify", ("httpx", "psutil"), "toolkit verify")
 import httpx  # noqa: E402
 
-from toolkit.verify.checks import (ERROR, FAIL, PASS, SKIP, CheckResult, Target, all_checks, missing_patches,
+from toolkit.verify.checks import (ERROR, FAIL, PASS, SKIP, CheckResult, Target, all_checks, missing_patches,  # noqa: E402
                                    run_checks, skips_before_serving)
 
 
@@ -147,7 +147,8 @@ def verify(
         # Nothing to check without the patches the checks need (unpatched SGLang): say so at once instead of
         # starting a server (minutes for a large model) that no check would ask anything. After the tokenizer:
         # a model that cannot be read is still said first, as when a server is started.
-        install = SimpleNamespace(engine=engine_name, applied_patches=applied)
+        # patch_skip and missing_patches read only these two attributes of a Target
+        install = cast(Target, SimpleNamespace(engine=engine_name, applied_patches=applied))
         skips = skips_before_serving(install, list(checks) if checks else None, every_check)
         if skips is not None:
             report.apply_first = missing_patches(install)

@@ -16,6 +16,8 @@ by PID; modelinfo_cache keeps vLLM's model-class inspections between servers.
 
 from __future__ import annotations
 
+import typing
+
 import atexit
 import os
 import shutil
@@ -128,7 +130,7 @@ class EngineServer:
         self.command: list[str] = []
         self.process: subprocess.Popen | None = None
         self.seen_pids: dict[int, float] = {}  # pid -> create_time of every server process seen
-        self._log_handle = None
+        self._log_handle: typing.TextIO | None = None
         self._final_log: str = ""
         self._stopped = False
         self._root_start: float | None = None

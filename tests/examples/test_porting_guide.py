@@ -1,6 +1,7 @@
 """docs/writing-patches.md, the porting guide, against the code and the examples:
 
-* docs/kit-reference.md (every helper of toolkit.codemod and toolkit.testing with its signature) is
+* docs/kit-reference.md (every public name of kit API v1 with its signature; completeness is checked by
+  tests/architecture/test_docs_map.py) is
   exactly what scripts/kit_reference.py generates from the docstrings, so it cannot drift;
 * every example under examples/ builds and installs from nothing, offline, with only the commands the
   guide shows (its ``build-from-nothing`` block, run as written with EXAMPLE named), and the installed

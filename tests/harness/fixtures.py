@@ -20,7 +20,7 @@ from scripts.support import load, venvs
 # What the suite runs on (its tests are parametrized by these; scripts/compat_matrix.py reads them too):
 from scripts.support.tested_releases import (SGLANG_ENVS, SGLANG_GROUP_RELEASES, SGLANG_PROVED,  # noqa: F401
                                              VLLM_ENVS, VLLM_RL_RELEASE_ENVS, VLLM_RL_RELEASE_PATCHES)
-from scripts.support.venvs import VLLM_033_ENV, VLLM_ENV
+from scripts.support.venvs import VLLM_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHIM_DIR = REPO_ROOT / "tests" / "shims"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.toolkit import demo_patches
-from toolkit import api, engine
+from toolkit import api
 from toolkit.sources import load_source
 
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolkit import api, cli, engine, fs
+from toolkit import api, cli, fs
 from toolkit.sources import load_source
 
 from tests.toolkit import demo_patches

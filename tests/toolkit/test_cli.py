@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import cli, engine
+from toolkit import cli
 from toolkit.discovery import find_engines
 
 from tests.toolkit import demo_patches

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from toolkit import api, cli, cli_output, engine
+from toolkit import api, cli, cli_output
 from toolkit.discovery import find_engines, site_dirs
 from toolkit.errors import UsageError
 from toolkit.sources import load_source

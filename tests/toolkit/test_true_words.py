@@ -10,7 +10,6 @@ import re
 import shlex
 import shutil
 import tomllib
-from pathlib import Path
 
 import pytest
 

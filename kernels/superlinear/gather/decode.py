@@ -32,5 +32,6 @@ def gather_superlinear_decode(q1, q2, k, v, cache_position, attention_mask=None,
     shape = (batch, kv_heads, group, topk)
     spans = span_partials_decode(q2f, k, v, span_lo.view(shape), span_hi.view(shape), key_mask, scale)
     win = window_decode(q2f, k, v, pos, key_mask, geometry.window, scale)
-    out = merge_and_gate(*spans, *win, anchors, scores)
+    # mypy cannot count a starred tuple's items
+    out = merge_and_gate(*spans, *win, anchors, scores)  # type: ignore[call-arg]
     return out.reshape(batch, heads, 1, dim).to(q2.dtype)

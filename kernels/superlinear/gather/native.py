@@ -67,7 +67,8 @@ def native_search(q_by_query: torch.Tensor, keys_flat: torch.Tensor, key_len: in
     m = None if mask is None else mask.to(torch.uint8).contiguous()
     anchors = torch.empty((count_q, kv_heads, group, topk), dtype=torch.int64)
     scores = torch.empty((count_q, kv_heads, group, topk), dtype=torch.float32)
-    lib.superlinear_search(k.data_ptr(), q.data_ptr(), pos.data_ptr(), dist.data_ptr(),
+    # callers check usable() (library() is not None) first
+    lib.superlinear_search(k.data_ptr(), q.data_ptr(), pos.data_ptr(), dist.data_ptr(),  # type: ignore[union-attr]
                            cnt.data_ptr(), None if m is None else m.data_ptr(), anchors.data_ptr(),
                            scores.data_ptr(), count_q, key_len, kv_heads, group, dim, topk, cnt.numel(),
                            torch.get_num_threads())

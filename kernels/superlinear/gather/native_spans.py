@@ -95,7 +95,8 @@ def span_partials_native(q2_rows: torch.Tensor, k_flat: torch.Tensor, v_flat: to
     m = None if key_mask is None else key_mask.to(torch.uint8).contiguous()
     lse = torch.empty(pairs, dtype=torch.float32)
     out = torch.empty((pairs, dim), dtype=torch.float32)
-    rc = lib.superlinear_span_partials(q.data_ptr(), k.data_ptr(), v.data_ptr(), lo.data_ptr(), hi.data_ptr(),
+    # callers check usable() (library() is not None) first
+    rc = lib.superlinear_span_partials(q.data_ptr(), k.data_ptr(), v.data_ptr(), lo.data_ptr(), hi.data_ptr(),  # type: ignore[union-attr]
                                        order.data_ptr(), None if m is None else m.data_ptr(), lse.data_ptr(),
                                        out.data_ptr(), pairs, key_len, group * count * topk, topk, dim,
                                        float(scale), GROUP_SIZE, torch.get_num_threads())

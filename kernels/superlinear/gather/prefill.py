@@ -68,12 +68,14 @@ def gather_superlinear_attention(q1, q2, k, v, cache_position=None, attention_ma
             span_hi = span_hi.view(kv_heads, group, count, topk)
             win = window_partials(q2_rows, keys, pos, geometry.window, scale)
             spans = span_partials(q2_rows, keys, span_lo, span_hi, scale, ws)
-            res = merge_and_gate(*spans, *win, anchors, scores)
+            # mypy cannot count a starred tuple's items
+            res = merge_and_gate(*spans, *win, anchors, scores)  # type: ignore[call-arg]
             out[b, :, lo:hi] = res.view(heads, count, dim).to(out.dtype)
             if search is not None:
                 for dst, src in zip(search, (anchors, scores, span_lo, span_hi)):
                     dst[b, :, lo:hi] = src.reshape(heads, count, topk)
     if return_search:
+        assert search is not None  # made above when return_search
         return out, tuple(search)
     return out
 

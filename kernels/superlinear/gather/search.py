@@ -37,9 +37,10 @@ def _top_values(x: torch.Tensor, count: int, last_value_only: bool = False) -> t
     ``x`` is restored afterwards.
     """
     if count > 8:
-        values, indices = x.topk(count, dim=-1)
-        return values, indices[..., : count - 1] if last_value_only else indices
-    values, indices = [], []
+        top_values, top_indices = x.topk(count, dim=-1)
+        return top_values, top_indices[..., : count - 1] if last_value_only else top_indices
+    values: list[torch.Tensor] = []
+    indices: list[torch.Tensor] = []
     for r in range(count):
         if last_value_only and r + 1 == count:
             values.append(x.amax(dim=-1, keepdim=True))  # no index needed: a quarter of the cost

@@ -72,7 +72,8 @@ def stripe_search(q: torch.Tensor, geo, lead: tuple[int, ...], topk: int) -> Str
     ``lead`` is the launcher's output layout, which its kernel indexes."""
     anchor = torch.empty((*lead, topk), dtype=torch.int32, device=q.device)
     score = torch.empty((*lead, topk), dtype=torch.float32, device=q.device)
-    return StripeSearch(q, *q.stride(), geo.stripe_distance, geo.stripe_count, anchor, score,
+    # mypy cannot count a starred tuple's items
+    return StripeSearch(q, *q.stride(), geo.stripe_distance, geo.stripe_count, anchor, score,  # type: ignore[call-arg, arg-type]
                         tl.constexpr(topk), tl.constexpr(triton.next_power_of_2(topk)))
 
 

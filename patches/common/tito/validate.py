@@ -8,12 +8,12 @@ same on both engines. Standard library only: imported inside the engines' API-se
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypeGuard
 
 ErrorFactory = Callable[[str, str], Exception]  # (message, field) -> the engine's 400, raised by the caller
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     return type(value) is int  # bool is an int subclass; JSON 1.0 is a float: neither is a token id
 
 

@@ -14,7 +14,8 @@ PATCH = Patch(
         FileEdit("srt/entrypoints/openai/serving_chat.py", (f"{CODEMODS}:ServingChatTransformer",)),
         FileEdit("srt/entrypoints/http_server.py", (f"{CODEMODS}:HttpServerTransformer",)),
     ),
-    summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, token_id on logprobs, logprob_start_len",
+    summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, "
+            "token_id on logprobs, logprob_start_len",
     verify_checks="toolkit.patches.common.tito.check:CHECKS",
     runtime_modules=("toolkit.patches.sglang.tito.runtime", "toolkit.patches.sglang.tito.logprob_ids"),
 )

@@ -16,4 +16,5 @@ import torch
 def split_kv_cache(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``[num_blocks, H, bs, 2D]`` -> key and value views ``[num_blocks, H, bs, D]`` (as vLLM's CPU backend)."""
     num_blocks, heads, block_size, _ = kv_cache.shape
-    return kv_cache.view(num_blocks, heads, block_size * 2, -1).chunk(2, dim=2)
+    key, value = kv_cache.view(num_blocks, heads, block_size * 2, -1).chunk(2, dim=2)
+    return key, value

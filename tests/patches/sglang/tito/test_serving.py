@@ -15,9 +15,7 @@ request body; see ``cases_for`` in the driver.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 

@@ -10,8 +10,6 @@ patch's code; the prompt the engine got must start with the prefix exactly and c
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
 import pytest
 

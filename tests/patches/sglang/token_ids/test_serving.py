@@ -15,7 +15,6 @@ own output dicts, cumulative and incremental, n=1 and n=2.
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
