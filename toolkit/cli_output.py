@@ -149,8 +149,9 @@ def emit_json(ok: bool, **fields: Any) -> None:
     INTERRUPTED = None  # one object per run: a signal from here on prints no second one
     if sys.stdout is None:  # started with stdout closed
         raise BrokenPipeError(errno.EPIPE, "stdout is closed")
-    StdoutFile(sys.stdout).write(text)
-    StdoutFile(sys.stdout).flush()
+    stdout = StdoutFile(sys.stdout)
+    stdout.write(text)
+    stdout.flush()
 
 
 def silence_stdout() -> None:

@@ -94,12 +94,14 @@ def _reconcile_locked(
 ) -> Result:
     old_raw = state.read_manifest_bytes()
     manifest = state.parse_manifest(old_raw) if old_raw is not None else None
-    if not dry_run and not (manifest is not None and stale_manifest(engine, manifest)):
+    # decided once, from the files as they are before this run writes (stale_manifest hashes them)
+    stale = manifest is not None and stale_manifest(engine, manifest)
+    if not dry_run and not stale:
         _sweep_temps(engine, catalog, state, manifest)
     plan = make_plan(engine, catalog, state, old_raw, manifest, add, remove, force)
     if not dry_run:
         carry_out(state, plan)
-    before = list(manifest.patches) if manifest is not None and not stale_manifest(engine, manifest) else []
+    before = list(manifest.patches) if manifest is not None and not stale else []
     return Result(engine, plan.target_ids, plan.changes, dry_run, applied_before=before)
 
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit import engine as _engine
-from toolkit import fs, patch_registry
+from toolkit import fs, patch_registry, releases
 from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
-from toolkit.errors import CorruptManifest, PatchError, UsageError, io_error
+from toolkit.errors import CorruptManifest, PatchError, io_error
 from toolkit.journal import FileChange, read_or_none, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in
 from toolkit.plan import engine_file, refuse_links
@@ -70,21 +70,12 @@ def record_hashes(engine: InstalledEngine) -> dict[str, str]:
                      "list of the release's files is what repair checks against (reinstall with pip to get it back)")
 
 
-def _cache_root() -> Path:
-    named = os.environ.get("TOOLKIT_CACHE_DIR") or "~/.cache/toolkit"
-    try:
-        return Path(named).expanduser()
-    except RuntimeError:  # "~someone" with no such user, or no home at all
-        raise UsageError(f"TOOLKIT_CACHE_DIR={named!r} names a home folder that does not exist on this machine; "
-                         "set it to a folder path") from None
-
-
 def pip_download(python: str) -> FetchRelease:
     """The default release source: ``pip download --no-deps DIST==VERSION`` with the engine's own
     interpreter (so the wheel matches its platform), cached under ``$TOOLKIT_CACHE_DIR/wheels``."""
 
     def fetch(distribution: str, version: str) -> Path:
-        cache = _cache_root() / "wheels"
+        cache = releases.cache_dir() / "wheels"  # $TOOLKIT_CACHE_DIR, read (and refused) as the kit reads it
         stem = f"{distribution.replace('-', '_')}-{version}-"
         found = [wheel for wheel in sorted(cache.glob(f"{stem}*.whl")) if _whole_or_dropped(wheel)]
         if not found:
