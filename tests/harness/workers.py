@@ -128,6 +128,8 @@ SPLIT_BY_RELEASE = (
     "tests/patches/vllm/superlinear/test_bench_gpu.py",
     # the fault suite on each real engine tree, 1-4 minutes each
     "tests/toolkit/test_faults.py",
+    # the engine's own tests, release and patched, on each release (issue 50)
+    "tests/conformance/test_engine_own_tests.py",
 )
 RELEASE = re.compile(r"\d+\.\d+\.\d+(?:\.post\d+)?")
 # Files whose tests of one release share one computation or one server: one unit per release, so one

@@ -105,7 +105,7 @@ def test_a_test_passing_only_on_the_release_is_a_regression_when_the_rerun_agree
     rerun_release = {"t::broken": out("passed"), "t::flaky": out("passed"), "t::fixed": out("failed")}
     rerun_patched = {"t::broken": out("failed"), "t::flaky": out("passed"), "t::fixed": out("passed")}
     result = ot.compare(release, patched, rerun_release, rerun_patched)
-    assert result.regressions == ["t::broken"]
+    assert result.regressions == ["t::broken", "t::gone"]  # gone: its file no longer collects patched
     assert result.fixed == ["t::fixed"]
     assert list(result.flaky) == ["t::flaky"] and "patched rerun" in result.flaky["t::flaky"]
     assert result.only_in_one == ["t::gone"]
@@ -113,7 +113,7 @@ def test_a_test_passing_only_on_the_release_is_a_regression_when_the_rerun_agree
         "hub download (Qwen/Qwen3-0.6B)": ["t::config"], "hub download": ["t::hub"],  # a config the hub would give
         "CUDA": ["t::cuda"]}
     # without a rerun every difference counts; a release that fails its own rerun is flaky, not ours
-    assert ot.compare(release, patched).regressions == ["t::broken", "t::flaky"]
+    assert ot.compare(release, patched).regressions == ["t::broken", "t::flaky", "t::gone"]
     assert "release's rerun" in ot.compare(release, patched, {"t::broken": out("failed"), "t::flaky": out("passed")},
                                            rerun_patched).flaky["t::broken"]
 

@@ -236,7 +236,11 @@ def terminal_event(final_response: Any, request: Any, sampling_params: Any, mode
         message = getattr(error, "message", None) or str(final_response)
         return failed_event(request, sampling_params, model_name, created_time, context, RuntimeError(message))
     if final_response.status == "incomplete":
-        return LifecycleEvent(type="response.incomplete", response=final_response)
+        try:  # vLLM >= 0.33: its own readers (the background stream's replay) stop on this class, not on the type
+            from vllm.entrypoints.openai.responses.protocol import ResponseIncompleteEvent
+        except ImportError:
+            return LifecycleEvent(type="response.incomplete", response=final_response)
+        return ResponseIncompleteEvent(type="response.incomplete", sequence_number=-1, response=final_response)
     return ResponseCompletedEvent(type="response.completed", sequence_number=-1, response=final_response)
 
 
