@@ -49,16 +49,12 @@ def release_files_back(site: Path, root: Path) -> None:
     """The copy holds the venv's files as they are now, and another test's session server (tito's) may
     have patched the venv for its lifetime: put the release's bytes back in the copy from the venv's
     backups, as new files (the hard links into the venv are never written through)."""
-    from toolkit.patch_registry import markers_in
-    from toolkit.state import StateDir
+    from scripts.support.release_copy import StillPatched, release_files_back as put_back
 
-    state = StateDir(site, "vllm")
-    for relpath in state.backup_relpaths():
-        target = root / "vllm" / relpath
-        target.unlink()
-        shutil.copyfile(state.backup_path(relpath), target)
-    for path in (root / "vllm").rglob("*.py"):  # nothing of a patch may be left in the copy
-        assert not markers_in(path.read_bytes()), f"{path} still carries a toolkit marker"
+    try:
+        put_back(site, root, "vllm")
+    except StillPatched as exc:
+        raise AssertionError(str(exc)) from None
 
 
 @contextlib.contextmanager
