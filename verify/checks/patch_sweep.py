@@ -1,14 +1,12 @@
-"""The patch-sweep patch's own `toolkit verify` check (registered by ``Patch.verify_checks``).
-
-Part of the verifier, kept beside the patch it checks: it may import ``toolkit.verify``.
-"""
+"""The `toolkit verify` check ``patch-sweep`` (needs the vLLM patch-sweep patch, with its routes on):
+/v1/patch_sweep driven through the PatchStudy client."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from toolkit.patches.vllm.patch_sweep.client import PatchStudy, PatchStudyError, Span
-from toolkit.verify.checks import Check, CheckFailed, CheckSkipped, Target, first_difference, ids_evidence
+from toolkit.clients.patch_study import PatchStudy, PatchStudyError, Span
+from toolkit.verify.checks.base import Check, CheckFailed, CheckSkipped, Target, first_difference, ids_evidence
 from toolkit.verify.client import ServerGone
 
 
@@ -111,5 +109,6 @@ def check_patch_sweep(target: Target) -> str:
 
 CHECKS = [
     Check("patch-sweep", "/v1/patch_sweep: a small grid, stream = non-stream, known cells, a clean 400",
-          {"vllm": "patch-sweep"}, check_patch_sweep),
+          {"vllm": "patch-sweep"}, check_patch_sweep,
+          env=(("TOOLKIT_ENABLE_PATCHING", "1"),)),  # the sweep routes are added only when enabled
 ]
