@@ -16,14 +16,14 @@ from toolkit.verify.client import ChatClient
 
 PASS, FAIL, SKIP, ERROR = "pass", "fail", "skip", "error"
 
-MESSAGES = [
+MESSAGES: list[dict[str, str]] = [
     {"role": "system", "content": "You are a terse assistant."},
     {"role": "user", "content": "Name three prime numbers and say why they are prime."},
 ]
-OTHER_MESSAGES = [
+OTHER_MESSAGES: list[dict[str, str]] = [
     {"role": "user", "content": "def fibonacci(n):"},
 ]
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {

@@ -43,8 +43,9 @@ def _assistant(outcome: ChatOutcome) -> dict[str, Any]:
 
 def _turn(target: Target, messages: list[dict], prefix: list[int] | None, what: str, max_tokens: int = 16,
           **extra: Any) -> ChatOutcome:
-    outcome = target.client.chat(messages, max_tokens=max_tokens, **extra,
-                                 **({"prefix_token_ids": prefix} if prefix else {}))
+    if prefix:
+        extra["prefix_token_ids"] = prefix
+    outcome = target.client.chat(messages, max_tokens=max_tokens, **extra)
     if outcome.prompt_token_ids is None or not outcome.choices or not outcome.choices[0].ids_seen:
         raise CheckFailed(f"{what}: the response has no prompt_token_ids / token_ids")
     return outcome
