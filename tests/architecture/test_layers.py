@@ -93,6 +93,29 @@ def test_patches_hold_only_patches_plugins_and_their_shared_code():
     assert stray == []
 
 
+def test_each_engine_folder_is_a_registered_patch_or_a_registered_plugin():
+    """A folder under ``patches/<engine>/`` is either a patch (its ``patch.py`` registered in
+    ``toolkit.patches``) or an engine plugin (its ``plugin.py`` registered in the engine's own plugin
+    group), never both: SGLang's ``superlinear/`` is the plugin (0.5.11 on) and ``superlinear_backend/``
+    the patch ``superlinear-backend`` that writes the same registration into 0.5.9 and 0.5.10."""
+    import tomllib
+
+    from tests.architecture.import_graph import REPO
+
+    groups = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    declared = {value.split(":")[0].rsplit(".", 1)[0]: group for group, entries in groups.items()
+                for value in entries.values() if value.startswith("toolkit.patches.")}
+    kinds = {}
+    for engine in ("vllm", "sglang"):
+        for path in sorted((REPO / "patches" / engine).iterdir()):
+            if path.is_dir() and (path / "__init__.py").exists():
+                kinds[f"{engine}/{path.name}"] = declared.get(f"toolkit.patches.{engine}.{path.name}")
+    assert kinds == {"vllm/patch_sweep": "toolkit.patches", "vllm/responses_stream": "toolkit.patches",
+                     "vllm/superlinear": "vllm.general_plugins", "vllm/tito": "toolkit.patches",
+                     "sglang/superlinear": "sglang.srt.plugins", "sglang/superlinear_backend": "toolkit.patches",
+                     "sglang/tito": "toolkit.patches", "sglang/token_ids": "toolkit.patches"}
+
+
 def test_no_package_reaches_back_into_one_above_it():
     """Package by package (patches, verify, the clients): shared patch code and patches never import the
     verifier or a client, so there is no loop between the packages."""
