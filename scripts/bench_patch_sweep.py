@@ -140,7 +140,7 @@ def load() -> float:
 
 def bench_ours(model: str, grids: list[dict], rounds: int) -> list[dict]:
     from scripts.support.sweep_server import sweep_server
-    from toolkit.patches.vllm.patch_sweep.client import PatchStudy
+    from toolkit.clients.patch_study import PatchStudy
 
     env = {"TOOLKIT_PATCH_SWEEP_MAX_CELLS": "4096", "TOOLKIT_PATCH_RUNS_MAX_BYTES": str(64 << 20)}
     out = []

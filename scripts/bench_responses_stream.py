@@ -89,7 +89,7 @@ async def _round(base_url: str, body: dict, requests: int, concurrency: int) -> 
 def bench_engine(patched: bool, model: str, scenario: str, requests: int, concurrency: int, rounds: int) -> dict:
     import httpx
 
-    from toolkit.patches.vllm.responses_stream.grammar import check_events, parse_sse
+    from toolkit.verify.grammar import check_events, parse_sse
     from toolkit.verify.server import EngineServer
 
     body = request_body(model, scenario, stream=True)

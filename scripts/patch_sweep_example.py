@@ -46,7 +46,7 @@ def main() -> int:
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(map(str, cpus))
         server_args = ["--tensor-parallel-size", str(args.tensor_parallel_size)]
 
-    from toolkit.patches.vllm.patch_sweep.client import PatchStudy
+    from toolkit.clients.patch_study import PatchStudy
 
     model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached"], check=True,
                            capture_output=True, text=True).stdout.strip()
@@ -79,7 +79,7 @@ def _post(base_url: str, path: str, body: dict) -> dict:
 def other_examples(study, base_url: str, model: str) -> None:
     import numpy as np
 
-    from toolkit.patches.vllm.patch_sweep.client import Span
+    from toolkit.clients.patch_study import Span
 
     spans = _post(base_url, "/v1/patch_sweep", {
         "prompt": CORRUPT, "clean_prompt": CLEAN, "layers": "all", "hook": "post_block",

@@ -16,8 +16,8 @@ from toolkit.extras import require
 require("verify", ("httpx", "psutil"), "toolkit verify")
 import httpx  # noqa: E402
 
-from toolkit.verify.checks import (ERROR, FAIL, PASS, SKIP, CheckResult, Target, all_checks, missing_patches,  # noqa: E402
-                                   run_checks, skips_before_serving)
+from toolkit.verify.checks.base import ERROR, FAIL, PASS, SKIP, CheckResult, Target  # noqa: E402
+from toolkit.verify.checks.suite import all_checks, missing_patches, run_checks, skips_before_serving  # noqa: E402
 
 
 # The `tools` check needs a tool-call parser; Hermes-style <tool_call> markup is the common default.
@@ -123,12 +123,10 @@ def verify(
 ) -> VerifyReport:
     """Verify a served engine. Launches one unless ``url`` is given; never leaves a process behind."""
     from toolkit import engine as patch_engine
-    from toolkit import patch_registry
     from toolkit.discovery import interpreter
 
     started = time.monotonic()
-    known = patch_registry.registry()  # once: the checks and the patches' switches come from it
-    every_check = all_checks(known)
+    every_check = all_checks()
     check_names(checks, every_check)
     say = on_phase or (lambda message: None)
     python = interpreter(python)  # relative, or a venv's folder: the absolute bin/python the server runs
@@ -141,14 +139,14 @@ def verify(
     applied = set(patch_engine.applied_ids(installed)) if installed else set()
     report = VerifyReport(engine_name, installed.version if installed else "unknown", model, url or "",
                           sorted(applied))
+    # patch_skip and missing_patches read only these two attributes of a Target: an install will do
+    install = cast(Target, SimpleNamespace(engine=engine_name, applied_patches=applied))
     say("loading the model's tokenizer")
     tokenizer = load_tokenizer(model)
     if url is None:
         # Nothing to check without the patches the checks need (unpatched SGLang): say so at once instead of
         # starting a server (minutes for a large model) that no check would ask anything. After the tokenizer:
         # a model that cannot be read is still said first, as when a server is started.
-        # patch_skip and missing_patches read only these two attributes of a Target
-        install = cast(Target, SimpleNamespace(engine=engine_name, applied_patches=applied))
         skips = skips_before_serving(install, list(checks) if checks else None, every_check)
         if skips is not None:
             report.apply_first = missing_patches(install)
@@ -181,12 +179,11 @@ def verify(
         if "--tool-call-parser" not in " ".join(server_args):
             server_args += DEFAULT_TOOL_ARGS[engine_name]
         env = dict(env or {})
-        # A patch whose checks need a switch on (patch-sweep's routes) declares it (Patch.verify_env);
-        # the caller's own setting of the switch wins.
-        for patch in (p for p in known if p.engine == engine_name):
-            wanted = patch.id in applied and (not checks or any(c.requires.get(engine_name) == patch.id
-                                                                 for c in every_check if c.name in checks))
-            for name, value in patch.verify_env if wanted else ():
+        # A check that needs a switch on (patch-sweep's routes) declares it (Check.env), and it is set when
+        # the check will run (its patch applied); the caller's own setting of the switch wins.
+        for check in every_check:
+            wanted = (not checks or check.name in checks) and check.missing_patch(install) is None
+            for name, value in check.env if wanted else ():
                 if name not in env and name not in os.environ:
                     env[name] = value
         # The interpreter the user named (a venv's bin/python), not the one it resolves to.

@@ -205,12 +205,15 @@ def normalize_token_fields(data: dict, check_ids: Callable[[Any, str], list[int]
                            error: Callable[[str, str], Exception]) -> None:
     """Peers' field names onto ours, in a raw chat request body: verifiers' ``tokens`` is
     ``input_ids``; NeMo-RL's ``required_prefix_token_ids`` and NeMo-Gym's ids on the last assistant
-    message are ``prefix_token_ids``. ``check_ids(value, field)`` type-checks a list of ids;
+    message are ``prefix_token_ids``. ``check_ids(value, field)`` type-checks a list of ids, and runs
+    here once for each ids field of the request (``input_ids`` under whichever name it came);
     ``error(message, field)`` is the engine's 400. Conflicting fields are refused."""
     if data.get("tokens") is not None:
         if data.get("input_ids") is not None:
             raise error("send the prompt ids once: `tokens` and `input_ids` are the same field", "tokens")
         data["input_ids"] = check_ids(data.pop("tokens"), "tokens")
+    elif data.get("input_ids") is not None:
+        check_ids(data["input_ids"], "input_ids")
     required = data.pop("required_prefix_token_ids", None)
     if required is not None:
         if data.get("prefix_token_ids") is not None and data["prefix_token_ids"] != required:
@@ -228,11 +231,3 @@ def normalize_token_fields(data: dict, check_ids: Callable[[Any, str], list[int]
                         "prefix_token_ids")
         if not data.get("messages"):
             raise error("`prefix_token_ids` needs `messages`: the conversation the prefix starts", "prefix_token_ids")
-
-
-def out_of_vocabulary(ids: Sequence[int], limit: int | None, field: str = "prefix_token_ids") -> str | None:
-    """The message for the first id of ``ids`` at or past ``limit`` (None when all are below)."""
-    if limit is None or max(ids) < limit:
-        return None
-    position = next(i for i, value in enumerate(ids) if value >= limit)
-    return f"`{field}` item {position} is {ids[position]}, out of the vocabulary (ids must be < {limit})"

@@ -15,7 +15,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is 
     ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output", "toolkit.cli_ray", "toolkit.scaffold")),
     ("verify", ("toolkit.verify",)),
     ("engine", ("toolkit.api", "toolkit.engine", "toolkit.check", "toolkit.status", "toolkit.plan", "toolkit.journal",
-                "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study", "toolkit.testing",
+                "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study", "toolkit.clients", "toolkit.testing",
                 "toolkit.matrix", "toolkit.ray", "toolkit.start_check", "toolkit.plugins")),
     ("patches", ("toolkit.patches",)),
     ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.transform_cache", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts", "toolkit.overlap",
@@ -27,8 +27,6 @@ RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for pr
 
 def layer_of(module: str) -> tuple[str, int]:
     parts = module.split(".")
-    if is_patch_check(module):  # a patch's own verify check: part of the verifier, kept beside its patch
-        return "verify", RANK["toolkit.verify"]
     for n in range(len(parts), 0, -1):
         prefix = ".".join(parts[:n])
         if prefix == "toolkit" and module != "toolkit":
@@ -39,11 +37,6 @@ def layer_of(module: str) -> tuple[str, int]:
     raise AssertionError(f"{module} belongs to no layer: add it to LAYERS in {__file__}")
 
 
-def is_patch_check(module: str) -> bool:
-    parts = module.split(".")
-    return parts[:2] == ["toolkit", "patches"] and len(parts) == 5 and parts[4] == "check"
-
-
 def engine_of(module: str) -> str | None:
     parts = module.split(".")
     return parts[2] if parts[:2] == ["toolkit", "patches"] and len(parts) > 2 else None
@@ -52,8 +45,9 @@ def engine_of(module: str) -> str | None:
 def test_the_graph_sees_the_known_dependencies():
     graph = edges()
     assert "toolkit.codemod" in graph["toolkit.patches.vllm.tito.codemods"]  # a patch builds on the codemod base
-    assert "toolkit.patches.vllm.patch_sweep.client" in graph["toolkit.patches.vllm.patch_sweep.check"]
-    assert "toolkit.patch_registry" in graph["toolkit.verify.checks"]  # a lazy import counts too
+    assert "toolkit.clients.patch_study" in graph["toolkit.verify.checks.patch_sweep"]
+    assert "toolkit.verify.grammar" in graph["toolkit.verify.checks.responses_stream"]
+    assert "toolkit.patch_registry" in graph["toolkit.verify.run"]  # a lazy import counts too
 
 
 def test_nothing_imports_the_folders_as_top_level_packages():
@@ -76,18 +70,59 @@ def test_every_import_goes_down_or_sideways():
 
 
 def test_verify_knows_no_patch_by_name():
-    """The verifier finds a patch's checks through the registry (``Patch.verify_checks``); it imports
-    no patch module itself."""
+    """The verifier owns its checks (``toolkit.verify.checks``), each naming the patch id it needs; it learns
+    which patches an install has from the patch engine (``toolkit.engine.applied_ids``) and imports no
+    patch module itself."""
     wrong = [f"{module}:{line} imports {target}" for module, targets in sorted(edges().items())
              if module.startswith("toolkit.verify") for target, line in targets.items()
              if target.startswith("toolkit.patches")]
     assert wrong == []
 
 
-def test_nothing_but_the_verifier_imports_a_patch_check():
+def test_patches_hold_only_patches_plugins_and_their_shared_code():
+    """No verify check, client or checker under patches/: each engine folder holds patch packages (a
+    ``patch.py`` declaration) and engine plugins (a ``plugin.py``), ``common`` their shared code."""
+    from tests.architecture.import_graph import REPO
+
+    root = REPO / "patches"
+    stray = [str(path.relative_to(REPO)) for engine in ("vllm", "sglang") for path in sorted((root / engine).iterdir())
+             if path.is_dir() and not path.name.startswith("__")
+             and not ((path / "patch.py").exists() or (path / "plugin.py").exists())]
+    stray += [str(path.relative_to(REPO)) for path in sorted(root.rglob("*.py"))
+              if path.stem in ("check", "client", "grammar")]
+    assert stray == []
+
+
+def test_each_engine_folder_is_a_registered_patch_or_a_registered_plugin():
+    """A folder under ``patches/<engine>/`` is either a patch (its ``patch.py`` registered in
+    ``toolkit.patches``) or an engine plugin (its ``plugin.py`` registered in the engine's own plugin
+    group), never both: SGLang's ``superlinear/`` is the plugin (0.5.11 on) and ``superlinear_backend/``
+    the patch ``superlinear-backend`` that writes the same registration into 0.5.9 and 0.5.10."""
+    import tomllib
+
+    from tests.architecture.import_graph import REPO
+
+    groups = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
+    declared = {value.split(":")[0].rsplit(".", 1)[0]: group for group, entries in groups.items()
+                for value in entries.values() if value.startswith("toolkit.patches.")}
+    kinds = {}
+    for engine in ("vllm", "sglang"):
+        for path in sorted((REPO / "patches" / engine).iterdir()):
+            if path.is_dir() and (path / "__init__.py").exists():
+                kinds[f"{engine}/{path.name}"] = declared.get(f"toolkit.patches.{engine}.{path.name}")
+    assert kinds == {"vllm/patch_sweep": "toolkit.patches", "vllm/responses_stream": "toolkit.patches",
+                     "vllm/superlinear": "vllm.general_plugins", "vllm/tito": "toolkit.patches",
+                     "sglang/superlinear": "sglang.srt.plugins", "sglang/superlinear_backend": "toolkit.patches",
+                     "sglang/tito": "toolkit.patches", "sglang/token_ids": "toolkit.patches"}
+
+
+def test_no_package_reaches_back_into_one_above_it():
+    """Package by package (patches, verify, the clients): shared patch code and patches never import the
+    verifier or a client, so there is no loop between the packages."""
+    above = ("toolkit.verify", "toolkit.clients", "toolkit.patch_study", "toolkit.patch_registry")
     wrong = [f"{module}:{line} imports {target}" for module, targets in sorted(edges().items())
-             if not module.startswith("toolkit.verify") and not is_patch_check(module)
-             for target, line in targets.items() if is_patch_check(target)]
+             if module.startswith("toolkit.patches.") for target, line in targets.items()
+             if target.startswith(above)]
     assert wrong == []
 
 

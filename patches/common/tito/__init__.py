@@ -1,2 +1,1 @@
-"""What both engines' tito patches share: the request checks (``validate.py``) and the `multi-turn`
-verify check (``check.py``)."""
+"""What both engines' tito patches share: the request checks (``validate.py``), one per rule."""

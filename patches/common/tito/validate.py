@@ -1,5 +1,10 @@
 """The request checks both engines' tito runtimes share: ``input_ids`` and ``logprob_start_len``.
 
+One check per rule, each run once per request: the types of a list of ids (``check_input_ids``) when the
+request body is validated (the engines' pydantic "before" validators: ``normalize_request``), and the
+vocabulary (``check_in_vocabulary``) where the served model is known. Later steps read the fields pydantic
+built (``list[int]``) and do not check their types again.
+
 Each engine answers bad input with its own error (vLLM's validation error naming the parameter,
 SGLang's ``ValueError``), so every check takes ``error(message, field)``, the engine's error for a
 message about ``field``, as ``prefix_splice.normalize_token_fields`` does; the messages are the
@@ -8,7 +13,7 @@ same on both engines. Standard library only: imported inside the engines' API-se
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeGuard
+from typing import Any, Callable, Sequence, TypeGuard
 
 ErrorFactory = Callable[[str, str], Exception]  # (message, field) -> the engine's 400, raised by the caller
 
@@ -34,6 +39,14 @@ def check_input_ids(ids: Any, error: ErrorFactory, field: str = "input_ids") -> 
         if value < 0:
             raise error(f"`{field}` must not contain negative ids: item {position} is {value}", field)
     return ids
+
+
+def check_in_vocabulary(ids: Sequence[int], limit: int | None, error: ErrorFactory, field: str) -> None:
+    """Every id below ``limit`` (one past the largest token id; None: unknown, nothing to check)."""
+    if limit is None or not ids or max(ids) < limit:
+        return
+    position = next(i for i, value in enumerate(ids) if value >= limit)
+    raise error(f"`{field}` item {position} is {ids[position]}, out of the vocabulary (ids must be < {limit})", field)
 
 
 def check_logprob_start_len(data: dict, error: ErrorFactory) -> int | None:

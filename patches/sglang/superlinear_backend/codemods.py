@@ -9,6 +9,8 @@ then uses its PyTorch helpers instead of Triton kernels (needed on CPU).
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import libcst as cst
 import libcst.matchers as m
 
@@ -25,7 +27,7 @@ class RegistryTransformer(AnchoredTransformer):
     """srt/layers/attention/attention_registry.py."""
 
     RUNTIME, RUNTIME_ALIAS = "toolkit.patches.sglang.superlinear_backend", RUNTIME
-    INSIDE: dict = {}  # module level only
+    INSIDE: ClassVar[dict[str, frozenset[str]]] = {}  # module level only
     ANCHORS = {
         "register_attention_backend": "def register_attention_backend at module level (ours is registered after it)",
     }
@@ -44,7 +46,7 @@ class RegistryTransformer(AnchoredTransformer):
 class ChoicesTransformer(AnchoredTransformer):
     """srt/server_args.py."""
 
-    INSIDE: dict = {}  # module level only
+    INSIDE: ClassVar[dict[str, frozenset[str]]] = {}  # module level only
     ANCHORS = {"ATTENTION_BACKEND_CHOICES": "the module-level ATTENTION_BACKEND_CHOICES = [...] list"}
 
     @m.leave(m.Module())
@@ -57,7 +59,7 @@ class ChoicesTransformer(AnchoredTransformer):
 class SupportTritonTransformer(AnchoredTransformer):
     """srt/utils/common.py."""
 
-    INSIDE: dict = {}  # module level only (the edit takes the function whole)
+    INSIDE: ClassVar[dict[str, frozenset[str]]] = {}  # module level only (the edit takes the function whole)
     ANCHORS = {"support_triton": "def support_triton(backend) at module level"}
 
     @m.leave(m.FunctionDef(name=m.Name("support_triton"), params=m.Parameters(params=[m.Param(name=m.Name())])))

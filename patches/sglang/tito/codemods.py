@@ -56,7 +56,7 @@ class ProtocolTransformer(AnchoredTransformer):
     @m.leave(m.ClassDef(name=m.Name("TopLogprob") | m.Name("ChatCompletionTokenLogprob")))
     def logprob_token_id(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hit(updated_node.name.value)
-        body = list(updated_node.body.body)
+        body = list(cst.ensure_type(updated_node.body, cst.IndentedBlock).body)
         new = self.marked_statement("token_id: Optional[int] = None")
         tokens = [position for position, statement in enumerate(body) if is_field(statement, "token")]
         if tokens:  # right after the token it names, as in vLLM's entries
@@ -66,7 +66,7 @@ class ProtocolTransformer(AnchoredTransformer):
     @m.leave(m.ClassDef(name=m.Name("ChatCompletionRequest")))
     def request_fields(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hit("ChatCompletionRequest")
-        body = list(updated_node.body.body)
+        body = list(cst.ensure_type(updated_node.body, cst.IndentedBlock).body)
         fields = [self.marked_statement(LOGPROB_START_FIELD), self.marked_statement(PREFIX_FIELD)]
         if not any(is_field(statement, "input_ids") for statement in body):
             fields.insert(0, self.marked_statement(INPUT_IDS_FIELD))
@@ -75,7 +75,7 @@ class ProtocolTransformer(AnchoredTransformer):
 
     @m.leave(m.ClassDef(name=m.Name("ChatCompletionResponse")))
     def prompt_logprobs_field(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
-        body = list(updated_node.body.body)
+        body = list(cst.ensure_type(updated_node.body, cst.IndentedBlock).body)
         found = False
         for position, statement in enumerate(body):
             if isinstance(statement, cst.FunctionDef) and any(
@@ -206,7 +206,7 @@ def _class_body(module: cst.Module, name: str) -> list[cst.BaseStatement]:
     """The statements of the module-level class ``name`` (none when it has no such class)."""
     for statement in module.body:
         if isinstance(statement, cst.ClassDef) and statement.name.value == name:
-            return list(statement.body.body)
+            return list(cst.ensure_type(statement.body, cst.IndentedBlock).body)
     return []
 
 

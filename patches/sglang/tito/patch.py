@@ -16,6 +16,5 @@ PATCH = Patch(
     ),
     summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, "
             "token_id on logprobs, logprob_start_len",
-    verify_checks="toolkit.patches.common.tito.check:CHECKS",
     runtime_modules=("toolkit.patches.sglang.tito.runtime", "toolkit.patches.sglang.tito.logprob_ids"),
 )

@@ -89,8 +89,7 @@ def normalize_request(data: Any) -> Any:
     if data.get("prefix_token_ids") is not None and data.get("return_token_ids") is None \
             and token_ids_patch_loaded():
         data["return_token_ids"] = True
-    if data.get("input_ids") is not None:
-        check_input_ids(data["input_ids"])
+    if data.get("input_ids") is not None:  # its types were checked just above (normalize_token_fields)
         if data.get("messages") is None:
             data["messages"] = []
         if data.get("return_token_ids") is None and token_ids_patch_loaded():
@@ -147,10 +146,8 @@ def check_prompt_ids(serving: Any, request: Any) -> None:
     the tokenizer manager (a stream would already have answered 200); ids out of the vocabulary it
     does not check at all, and they would fail the model's embedding lookup.
     """
-    ids = check_input_ids(request.input_ids)
-    outside = prefix_splice.out_of_vocabulary(ids, vocab_size(serving), "input_ids")
-    if outside:
-        raise ValueError(outside)
+    ids: list[int] = request.input_ids  # list[int]: the request validator checked the types (normalize_request)
+    validate.check_in_vocabulary(ids, vocab_size(serving), _value_error, "input_ids")
     check_context(serving, request, len(ids), "`input_ids`")
 
 
@@ -218,10 +215,8 @@ class _TemplateCalls:
 def splice_into(serving: Any, request: Any, adapted_request: Any, calls: _TemplateCalls) -> None:
     """The engine request's prompt becomes ``prefix_token_ids`` exactly, then what the template puts
     after them (``prefix_splice.splice``); a ValueError (HTTP 400) when it cannot be."""
-    prefix = check_input_ids(request.prefix_token_ids, "prefix_token_ids")
-    outside = prefix_splice.out_of_vocabulary(prefix, vocab_size(serving))
-    if outside:
-        raise ValueError(outside)
+    prefix: list[int] = request.prefix_token_ids  # list[int]: checked by the request validator (normalize_request)
+    validate.check_in_vocabulary(prefix, vocab_size(serving), _value_error, "prefix_token_ids")
     if not calls.calls:
         raise ValueError("`prefix_token_ids` needs the server's Jinja chat template (this server renders "
                          "chat prompts another way)")

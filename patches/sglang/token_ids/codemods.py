@@ -49,7 +49,7 @@ class ProtocolTransformer(AnchoredTransformer):
     @m.leave(m.ClassDef(name=m.Name("ChatCompletionRequest")))
     def request_flag(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hit("ChatCompletionRequest")
-        body = list(updated_node.body.body)
+        body = list(cst.ensure_type(updated_node.body, cst.IndentedBlock).body)
         if any(is_field(statement, "return_token_ids") for statement in body):
             return updated_node  # 0.5.17 on have their own
         body = after_last_field(body, self.marked_statement("return_token_ids: bool = False"))
@@ -59,7 +59,7 @@ class ProtocolTransformer(AnchoredTransformer):
     def response_field(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         name = updated_node.name.value
         field = self.RESPONSE_FIELDS[name]
-        body = list(updated_node.body.body)
+        body = list(cst.ensure_type(updated_node.body, cst.IndentedBlock).body)
         serializers = [position for position, statement in enumerate(body) if isinstance(statement, cst.FunctionDef)
                        and any(m.matches(decorator, WRAP_SERIALIZER) for decorator in statement.decorators)]
         if not serializers:
@@ -72,7 +72,7 @@ class ProtocolTransformer(AnchoredTransformer):
             return updated_node
         for position in serializers:
             self.hit(f"{name}.serializer")
-            body[position] = self._omit_when_none(body[position], field)
+            body[position] = self._omit_when_none(cst.ensure_type(body[position], cst.FunctionDef), field)
         body = after_last_field(body, self.marked_statement(f"{field}: list[int] | None = None"))
         return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
 

@@ -37,7 +37,7 @@ async def prepare_activations(engine: Engine, body: Any) -> ActivationRequest:
         text = _chat_text(tokenizer, request.messages)
         ids = encode_prompt(tokenizer, text, engine.max_model_len, "messages", add_special_tokens=False)
     else:
-        ids = request.prompt_token_ids
+        ids = request.prompt_token_ids or []  # ActivationBody asks for exactly one of the three
         if len(ids) >= engine.max_model_len:
             raise BadRequest(f"prompt_token_ids is {len(ids)} tokens; the model's limit is {engine.max_model_len - 1}")
     layers = parse_layers(request.layers, engine.num_layers)
@@ -52,7 +52,7 @@ async def prepare_activations(engine: Engine, body: Any) -> ActivationRequest:
             raise BadRequest("with prompt_token_ids, positions are integers (spans need a text prompt)")
     except SpanError as exc:
         raise BadRequest(str(exc)) from None
-    hooks = list(dict.fromkeys(request.hooks))
+    hooks: list[str] = list(dict.fromkeys(request.hooks))
     size = len(positions) * len(layers) * len(hooks) * engine.hidden_size * engine.item_size
     bound = int(os.environ.get(MAX_ACTIVATION_BYTES_ENV, DEFAULT_MAX_ACTIVATION_BYTES))
     if size > bound:

@@ -20,7 +20,7 @@ quantized queries) makes the sweep go the per-request way (``unsupported``), nev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -78,11 +78,14 @@ class Executor:
     """The model's decoder layers, final norm and logits, driven directly (see the module doc)."""
 
     def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module]):
-        self.model = model
+        self.model: Any = model  # a vLLM model: compute_logits is the engine's
         self.layers = layers
-        self.attentions = [find_attention(layer) for layer in layers]
-        self.norm = _final_norm(model, layers)
-        reasons = {unsupported_reason(a) for a in self.attentions} - {None}
+        # vLLM's Attention modules and the final norm, read by their engine attributes (num_heads, impl.scale)
+        # and called as the engine calls them: Any, as the engine's types are. Used only when
+        # ``unsupported`` is None, that is when every layer has one and the norm was found.
+        self.attentions: list[Any] = [find_attention(layer) for layer in layers]
+        self.norm: Any = _final_norm(model, layers)
+        reasons = {reason for a in self.attentions if (reason := unsupported_reason(a)) is not None}
         if self.norm is None:
             reasons.add("no final norm beside the decoder layers")
         if not hasattr(model, "compute_logits"):
@@ -92,7 +95,7 @@ class Executor:
 
     # -- the swapped attention ------------------------------------------------------------------------
 
-    def _attention(self, attention: torch.nn.Module):
+    def _attention(self, attention: Any) -> Callable[..., torch.Tensor]:
         heads, kv_heads, size = attention.num_heads, attention.num_kv_heads, attention.head_size
         scale = float(attention.impl.scale)
         kernel = self.kernel
@@ -125,7 +128,7 @@ class Executor:
 
         return forward
 
-    def _swap(self) -> list[tuple[torch.nn.Module, Any]]:
+    def _swap(self) -> list[tuple[Any, Any]]:
         swapped = []
         for attention in self.attentions:
             swapped.append((attention, attention.__dict__.get("forward")))
@@ -133,7 +136,7 @@ class Executor:
         return swapped
 
     @staticmethod
-    def _restore(swapped: list[tuple[torch.nn.Module, Any]]) -> None:
+    def _restore(swapped: list[tuple[Any, Any]]) -> None:
         for attention, before in swapped:
             if before is None:
                 attention.__dict__.pop("forward", None)

@@ -17,15 +17,22 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, 
 from toolkit.patches.common.spans import ALL_PROMPT
 from toolkit.patches.vllm.patch_sweep.errors import BadRequest
 
-HOOKS = ("pre_attn", "post_attn", "post_block")  # points of the residual stream: captured and patched
-ACTIVATION_HOOKS = HOOKS + ("attn_out", "mlp_out")  # and what attention and the MLP add to it: captured only
-METRICS = ("logprob", "logit_diff", "recovered")
-EXECUTORS = ("auto", "batched", "requests")
-ENCODINGS = ("base64", "safetensors")
+# Each choice once, as the field's type; the tuples (for messages and the other modules) are read from it.
+Hook = Literal["pre_attn", "post_attn", "post_block"]  # points of the residual stream: captured and patched
+ActivationHook = Literal[Hook, "attn_out", "mlp_out"]  # and what attention and the MLP add to it: captured only
+Metric = Literal["logprob", "logit_diff", "recovered"]
+Executor = Literal["auto", "batched", "requests"]
+Encoding = Literal["base64", "safetensors"]
+HOOKS: tuple[str, ...] = get_args(Hook)
+ACTIVATION_HOOKS: tuple[str, ...] = get_args(ActivationHook)
+METRICS: tuple[str, ...] = get_args(Metric)
+EXECUTORS: tuple[str, ...] = get_args(Executor)
+ENCODINGS: tuple[str, ...] = get_args(Encoding)
 
 
 def _in_vocabulary(token_id: int, info: ValidationInfo) -> int:
-    if not 0 <= token_id <= info.context["last_token_id"]:
+    context: dict[str, Any] = info.context or {}  # parse_body always passes one
+    if not 0 <= token_id <= context["last_token_id"]:
         raise ValueError("not in the vocabulary")  # the client reads the field's sentence, not this
     return token_id
 
@@ -65,8 +72,8 @@ class SweepBody(Body):
     prompt: Text
     source_run: Optional[Text] = None
     clean_prompt: Optional[Text] = None
-    hook: Literal[HOOKS] = "post_block"
-    metric: Literal[METRICS] = "logprob"  # unsent: logit_diff when a foil is given (below)
+    hook: Hook = "post_block"
+    metric: Metric = "logprob"  # unsent: logit_diff when a foil is given (below)
     answer_token: Optional[Text] = None
     answer_token_id: Optional[TokenId] = None
     foil_token: Optional[Text] = None
@@ -74,7 +81,7 @@ class SweepBody(Body):
     alpha: Number = 1.0
     baselines: StrictBool = True
     prefix_reuse: StrictBool = True
-    executor: Literal[EXECUTORS] = "auto"
+    executor: Executor = "auto"
     stream: StrictBool = False
     layers: Any = None  # parse_layers
     positions: Any = ALL_PROMPT  # sweep.resolve_columns
@@ -116,7 +123,7 @@ class CaptureBody(Body):
     model: Any = None
     prompt: Text
     name: Optional[Text] = None
-    hooks: Optional[Annotated[list[Literal[HOOKS]], Field(strict=True)]] = None  # None: every hook
+    hooks: Optional[Annotated[list[Hook], Field(strict=True)]] = None  # None: every hook
     layers: Any = None  # parse_layers
 
     SENTENCES = {"prompt": _text("prompt"), "name": _text("name"),
@@ -141,10 +148,10 @@ class ActivationBody(Body):
     prompt: Optional[Text] = None
     messages: Optional[Annotated[list[Message], Field(strict=True, min_length=1)]] = None
     prompt_token_ids: Optional[Annotated[list[TokenId], Field(strict=True, min_length=1)]] = None
-    hooks: Annotated[list[Literal[ACTIVATION_HOOKS]], Field(strict=True, min_length=1)] = ["post_block"]
+    hooks: Annotated[list[ActivationHook], Field(strict=True, min_length=1)] = ["post_block"]
     layers: Any = None  # parse_layers
     positions: Any = ALL_PROMPT  # spans need a text prompt (activations.py)
-    encoding: Literal[ENCODINGS] = "base64"
+    encoding: Encoding = "base64"
 
     SENTENCES = {
         "prompt": _text("prompt"), "messages": 'messages must be a non-empty list of {"role": str, "content": str}',

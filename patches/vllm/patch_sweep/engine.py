@@ -97,6 +97,8 @@ class Engine:
         cached = int(getattr(final, "num_cached_tokens", 0) or 0)
         if not scored:
             return {}, cached
+        if final is None:  # vLLM yields at least the finished output for every request it accepts
+            raise RuntimeError(f"request {request_id} ended without an output")
         logprobs = final.outputs[0].logprobs[0]
         return {token: float(logprobs[token].logprob) for token in scored}, cached
 

@@ -36,6 +36,4 @@ PATCH = Patch(
         "toolkit.patches.vllm.patch_sweep.arrays",
         "toolkit.patches.vllm.patch_sweep.steering",
     ),
-    verify_checks="toolkit.patches.vllm.patch_sweep.check:CHECKS",
-    verify_env=(("TOOLKIT_ENABLE_PATCHING", "1"),),  # the check needs the sweep routes, added only when enabled
 )

@@ -55,7 +55,7 @@ def attach(app: Any) -> None:
         async def handler(engine: Engine):
             request = parse_body(CaptureBody, await _body(raw))
             name = request.name or f"run-{uuid.uuid4().hex[:12]}"
-            hooks = request.hooks or list(HOOKS)
+            hooks: list[str] = list(request.hooks or HOOKS)
             layers = parse_layers(request.layers, engine.num_layers)
             ids = encode_prompt(await engine.tokenizer(), request.prompt, engine.max_model_len)
             info = await engine.capture(name, request.prompt, ids, layers, list(dict.fromkeys(hooks)))

@@ -128,6 +128,8 @@ async def prepare_sweep(engine: Engine, body: Any) -> Sweep:
     request = parse_body(SweepBody, body, last_token_id=engine.vocab_size - 1)
     tokenizer = await engine.tokenizer()
     answer, foil = _token_id(request, "answer", tokenizer), _token_id(request, "foil", tokenizer)
+    if answer is None:  # SweepBody._fields_agree refuses a body without one; here for the type
+        raise BadRequest("answer_token (a string that is one token) or answer_token_id is required")
     layers = parse_layers(request.layers, engine.num_layers)
     prompt_ids = encode_prompt(tokenizer, request.prompt, engine.max_model_len)
     offsets = prompt_char_offsets(tokenizer, request.prompt, prompt_ids)

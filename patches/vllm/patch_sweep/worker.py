@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -242,13 +242,13 @@ def _split_layer_args(args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
 
 
 def _rebuild_layer_args(args: tuple, kwargs: dict, hidden: Any, residual: Any) -> tuple[tuple, dict]:
-    args, kwargs = list(args), dict(kwargs)
+    positional, kwargs = list(args), dict(kwargs)
     for index, (name, value) in enumerate((("hidden_states", hidden), ("residual", residual)), start=1):
-        if len(args) > index:
-            args[index] = value
+        if len(positional) > index:
+            positional[index] = value
         else:
             kwargs[name] = value
-    return tuple(args), kwargs
+    return tuple(positional), kwargs
 
 
 def _layer_pre_hook(layer: int):
@@ -321,7 +321,8 @@ def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
         layers = _decoder_layers(model)
         for index, layer in enumerate(layers):
             STATE.handles.append(layer.register_forward_pre_hook(_layer_pre_hook(index), with_kwargs=True))
-            STATE.handles.append(layer.post_attention_layernorm.register_forward_pre_hook(_post_attn_pre_hook(index)))
+            norm = layer.get_submodule("post_attention_layernorm")  # _decoder_layers chose layers that have one
+            STATE.handles.append(norm.register_forward_pre_hook(_post_attn_pre_hook(index)))
             STATE.handles.append(layer.register_forward_hook(_layer_hook(index)))
         STATE.runner, STATE.first_layer, STATE.num_layers = runner, layers[0], len(layers)
         STATE.embedding_moments = _embedding_moments(model, runner)
@@ -377,5 +378,5 @@ def batched_sweep(wrapper: Any, key: str, name: str, hook: str, cells: list[tupl
         STATE.bypass = False
 
 
-RPC = {"install": install, "batched_sweep": batched_sweep, "commit": store.commit, "discard": store.discard,
+RPC: dict[str, Callable[..., Any]] = {"install": install, "batched_sweep": batched_sweep, "commit": store.commit, "discard": store.discard,
        "take": store.take, "runs": store.runs, "run": store.run, "delete": store.delete}

@@ -113,4 +113,5 @@ class ServingTransformer(AnchoredTransformer):
     def ends_at_any_terminal_event(self, original_node: cst.If, updated_node: cst.If) -> cst.If:
         self.hit("responses_background_stream_generator: if getattr(event, \"type\", ...) ...")
         test = cst.parse_expression(f"{RUNTIME}.is_terminal_event(event)")
-        return updated_node.with_changes(test=test, body=self.marked_header(updated_node.body))
+        block = cst.ensure_type(updated_node.body, cst.IndentedBlock)
+        return updated_node.with_changes(test=test, body=self.marked_header(block))

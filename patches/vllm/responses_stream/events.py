@@ -119,7 +119,8 @@ def text_item_done(item: OpenItem, status: str) -> tuple[Any, list[Event]]:
             ),
             ResponseContentPartDoneEvent(
                 type="response.content_part.done", sequence_number=-1, output_index=item.index,
-                item_id=item.id, content_index=0, part=part.model_dump(),
+                # a dict: the event's own validation builds the part type of the openai release vLLM installed
+                item_id=item.id, content_index=0, part=part.model_dump(),  # type: ignore[arg-type]
             ),
         ]
     else:
@@ -201,7 +202,9 @@ def call_done(item: OpenItem, arguments: str, status: str) -> tuple[Any, list[Ev
     else:
         events = [ResponseFunctionCallArgumentsDoneEvent(
             type="response.function_call_arguments.done", sequence_number=-1, output_index=item.index,
-            item_id=item.id, arguments=arguments, name=item.name,
+            # the openai types have no `name` here; the event keeps it as an extra (openai's models allow extras),
+            # and the grammar asks for it (the call's name on its done event)
+            item_id=item.id, arguments=arguments, name=item.name,  # type: ignore[call-arg]
         )]
         done = ResponseFunctionToolCall(type="function_call", id=item.id, call_id=item.call_id,
                                         name=item.name, namespace=item.namespace, arguments=arguments,

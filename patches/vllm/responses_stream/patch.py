@@ -20,5 +20,4 @@ PATCH = Patch(
     ),
     summary="Responses API streaming: reasoning, text and tool calls in any order, grammar-correct events",
     runtime_modules=("toolkit.patches.vllm.responses_stream.runtime",),
-    verify_checks="toolkit.patches.vllm.responses_stream.check:CHECKS",
 )

@@ -122,6 +122,8 @@ def make_stream(request: Any, parser: Any, tokenizer: Any, prompt_token_ids: Any
     markers = Markers(r_start, r_end, *((t_start, t_end) if tool_choice == "auto" else (None, None)))
 
     def decode_with_parser(body: str) -> list[tuple[str, str]] | None:
+        if tool_parser is None:  # no parser, no tool markers: never asked (decode_tool is None then)
+            return None
         info = tool_parser.extract_tool_calls(f"{t_start}{body}{t_end}", request)
         if info is None or not info.tools_called:
             return None
@@ -131,7 +133,7 @@ def make_stream(request: Any, parser: Any, tokenizer: Any, prompt_token_ids: Any
 
     stream = ResponsesStream(
         markers if raw_text else Markers(),
-        start_in_reasoning=raw_text and _starts_in_reasoning(parser, markers, prompt_token_ids),
+        start_in_reasoning=bool(raw_text) and _starts_in_reasoning(parser, markers, prompt_token_ids),
         include_reasoning=getattr(request, "include_reasoning", True),
         trim=parser is not None,
         resolve_name=resolve_name,

@@ -48,7 +48,7 @@ def after_matching(transformer: AnchoredTransformer, block: cst.IndentedBlock, s
 
 def after_docstring(function: cst.FunctionDef, new: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
     """``function``'s statements with ``new`` first, after its docstring if it has one."""
-    body = list(function.body.body)
+    body = list(cst.ensure_type(function.body, cst.IndentedBlock).body)
     position = 1 if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])) else 0
     return [*body[:position], *new, *body[position:]]
 
@@ -59,7 +59,8 @@ def with_fields_and_validator(transformer: AnchoredTransformer, request: cst.Cla
     "before" validator ``validator`` calling ``function`` at the end."""
     fields = [transformer.marked_line(s) if isinstance(s, cst.SimpleStatementLine) else s
               for s in cst.parse_module(fields_code.lstrip()).body]
-    return with_body(request, [*after_last_field(request.body.body, fields, before_methods=True),
+    body = cst.ensure_type(request.body, cst.IndentedBlock).body
+    return with_body(request, [*after_last_field(body, fields, before_methods=True),
                                transformer.before_validator(validator, function)])
 
 
@@ -108,7 +109,8 @@ class ProtocolTransformer(AnchoredTransformer):
     @m.leave(m.ClassDef(name=m.Name("ChatCompletionLogProb")))
     def logprob_token_id(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hit("ChatCompletionLogProb")
-        body = after_last_field(updated_node.body.body, self.marked_statement("token_id: int | None = None"),
+        body = after_last_field(cst.ensure_type(updated_node.body, cst.IndentedBlock).body,
+                                self.marked_statement("token_id: int | None = None"),
                                 before_methods=True)
         return with_body(updated_node, body)
 
@@ -171,7 +173,7 @@ class OnlineRendererTransformer(AnchoredTransformer):
         for item in updated_node.body:
             if m.matches(item, RENDER_CHAT):
                 self.hit("render-chat")
-                body += self.input_ids_or_render(item)
+                body += self.input_ids_or_render(cst.ensure_type(item, cst.SimpleStatementLine))
             else:
                 body.append(item)
         return updated_node.with_changes(body=body)
@@ -265,8 +267,9 @@ class ServingTransformer(AnchoredTransformer):
     def logprob_ids(self, original_node: cst.SimpleStatementLine,
                     updated_node: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
         self.hit("logprobs-return")
-        ret = updated_node.body[0]
-        wrapped = cst.parse_expression(f"{RUNTIME}.with_logprob_token_ids(VALUE, token_ids, top_logprobs)")
+        ret = cst.ensure_type(updated_node.body[0], cst.Return)  # RETURN_LOGPROBS matched a return
+        wrapped = cst.ensure_type(
+            cst.parse_expression(f"{RUNTIME}.with_logprob_token_ids(VALUE, token_ids, top_logprobs)"), cst.Call)
         wrapped = wrapped.with_changes(args=[wrapped.args[0].with_changes(value=ret.value), *wrapped.args[1:]])
         return self.marked_line(updated_node.with_changes(body=[ret.with_changes(value=wrapped)]))
 
@@ -277,7 +280,7 @@ class ServingTransformer(AnchoredTransformer):
         for arg in updated_node.args:
             if m.matches(arg, m.Arg(keyword=m.Name("prompt_logprobs"))):
                 self.hit("prompt-logprobs")
-                value = cst.parse_expression(f"{RUNTIME}.prompt_logprobs_from(request, VALUE)")
+                value = cst.ensure_type(cst.parse_expression(f"{RUNTIME}.prompt_logprobs_from(request, VALUE)"), cst.Call)
                 value = value.with_changes(args=[value.args[0], value.args[1].with_changes(value=arg.value)])
                 arg = arg.with_changes(value=value, comma=self._marked_comma(arg.comma))
             args.append(arg)

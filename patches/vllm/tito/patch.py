@@ -22,7 +22,6 @@ PATCH = Patch(
     ),
     summary="input_ids as the exact prompt of chat requests, prefix_token_ids splice, /v1/chat/completions/tokens, "
             "token_id on logprobs, logprob_start_len; input_ids and token ids on /v1/responses",
-    verify_checks="toolkit.patches.common.tito.check:CHECKS",
     runtime_modules=("toolkit.patches.vllm.tito.runtime", "toolkit.patches.vllm.tito.response_items"),
     # both edit OpenAIServingResponses.responses_full_generator and responses_stream_generator
     after=("responses-stream",),

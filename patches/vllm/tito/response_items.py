@@ -18,8 +18,8 @@ def raw_tokens(messages: Any) -> list[list[int]] | None:
     ``enable_response_messages``), or None where they are not token records (Harmony's messages)."""
     if not isinstance(messages, list):
         return None
-    tokens = [getattr(message, "tokens", None) for message in messages]
-    if not all(isinstance(ids, (list, tuple)) for ids in tokens):
+    tokens = [ids for message in messages if isinstance(ids := getattr(message, "tokens", None), (list, tuple))]
+    if len(tokens) != len(messages):
         return None
     return [[int(i) for i in ids] for ids in tokens]
 
@@ -123,7 +123,7 @@ def split_item_ids(ids: Sequence[int], markers: ItemMarkers, has_reasoning: bool
     start = 0
     think_ends = _occurrences(text, markers.think_end)
     if think_ends:
-        start = positions.token_of(think_ends[0] + len(markers.think_end) - 1) + 1
+        start = positions.token_of(think_ends[0] + len(markers.think_end or "") - 1) + 1
     calls: list[list[int]] = []
     message_end = end
     char_start, previous = positions.length(start), -1
@@ -135,7 +135,7 @@ def split_item_ids(ids: Sequence[int], markers: ItemMarkers, has_reasoning: bool
         if not calls:
             message_end = first
         close = next((c for c in closes if c > char), None)
-        last = end - 1 if close is None else positions.token_of(close + len(markers.call_end) - 1)
+        last = end - 1 if close is None else positions.token_of(close + len(markers.call_end or "") - 1)
         if last < first:
             continue
         calls.append(ids[first:last + 1])
@@ -187,7 +187,7 @@ def _ids_for(item: Any, runs: dict[str, Any], calls_before: int) -> list[int] | 
     return None
 
 
-def with_output_item_token_ids(request: Any, output: list, context: Any, tokenizer: Any) -> list:
+def with_output_item_token_ids(request: Any, output: list | None, context: Any, tokenizer: Any) -> list | None:
     """``token_ids`` on each output item of a Responses response (``split_item_ids``' rule), when
     the request asks for ids; Harmony's items and output the rule cannot cut keep vLLM's shape."""
     if not getattr(request, "return_token_ids", None) or not output:

@@ -88,8 +88,7 @@ def normalize_request(data: Any) -> Any:
     prefix_splice.normalize_token_fields(data, check_input_ids, bad_request)
     if data.get("prefix_token_ids") is not None and data.get("return_token_ids") is None:
         data["return_token_ids"] = True
-    if data.get("input_ids") is not None:
-        check_input_ids(data["input_ids"])
+    if data.get("input_ids") is not None:  # its types were checked just above (normalize_token_fields)
         if data.get("truncate_prompt_tokens") is not None:
             raise bad_request(
                 "`truncate_prompt_tokens` cannot be used with `input_ids`: the prompt is exactly the ids sent",
@@ -147,18 +146,11 @@ def prompt_ids_from_request(request: Any, renderer: Any) -> list[int] | None:
     """
     if not has_input_ids(request):
         return None
-    ids = check_input_ids(request.input_ids)
+    ids: list[int] = request.input_ids  # list[int]: the request validator checked the types (normalize_request)
     kv = getattr(request, "kv_transfer_params", None)
     if isinstance(kv, dict):
         kv.pop("prompt_token_ids", None)
-    limit = vocab_limit(renderer)
-    if limit is not None and max(ids) >= limit:
-        for position, value in enumerate(ids):
-            if value >= limit:
-                raise bad_request(
-                    f"`input_ids` item {position} is {value}, out of the vocabulary (ids must be < {limit})",
-                    "input_ids",
-                )
+    validate.check_in_vocabulary(ids, vocab_limit(renderer), bad_request, "input_ids")
     return list(ids)
 
 
@@ -199,9 +191,7 @@ def splice_prefix(request: Any, renderer: Any, messages: list, chat_params: Any,
         raise bad_request("`prefix_token_ids` works with text conversations only (this prompt has media)",
                           "prefix_token_ids")
     # the request validator checked the types (normalize_request)
-    outside = prefix_splice.out_of_vocabulary(prefix, vocab_limit(renderer))
-    if outside:
-        raise bad_request(outside, "prefix_token_ids")
+    validate.check_in_vocabulary(prefix, vocab_limit(renderer), bad_request, "prefix_token_ids")
     rendered = engine_input["prompt_token_ids"]
     if list(rendered[: len(prefix)]) == list(prefix):
         return engine_input  # re-rendering reproduced the prefix: nothing to splice

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from toolkit.patches.vllm.patch_sweep.client import CapturedRun, PatchStudy, PatchStudyError, Span, SweepResult
+from toolkit.clients.patch_study import CapturedRun, PatchStudy, PatchStudyError, Span, SweepResult
 
 CAT = ("The cat sat on the mat.", "The dog sat on the mat.")
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from toolkit.patches.common.spans import prompt_char_offsets, resolve_positions
-from toolkit.patches.vllm.patch_sweep.client import PatchStudy, PatchStudyError, Span
+from toolkit.clients.patch_study import PatchStudy, PatchStudyError, Span
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 

@@ -128,7 +128,7 @@ def play(base_url: str, model: str, scenario: str, extra: dict | None = None) ->
     import httpx
     import openai
 
-    from toolkit.patches.vllm.responses_stream.grammar import parse_sse
+    from toolkit.verify.grammar import parse_sse
 
     with httpx.Client(base_url=base_url.rstrip("/") + "/v1", timeout=120) as http:
         with http.stream("POST", "/responses", json=request_body(model, scenario, extra, stream=True)) as response:
@@ -161,7 +161,7 @@ def play(base_url: str, model: str, scenario: str, extra: dict | None = None) ->
 
 def problems(case: str, run: CaseRun) -> list[str]:
     """Everything wrong with one case: grammar, client, stream vs non-stream, content."""
-    from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
+    from toolkit.verify.grammar import check_events, compare_outputs
 
     found = [f"stream: {p}" for p in check_events(run.events)]
     if run.client_error:
@@ -184,7 +184,7 @@ def play_background(base_url: str, model: str, scenario: str, extra: dict | None
     """A background streaming request (the server needs VLLM_ENABLE_RESPONSES_API_STORE=1): its events."""
     import httpx
 
-    from toolkit.patches.vllm.responses_stream.grammar import parse_sse
+    from toolkit.verify.grammar import parse_sse
 
     body = {**request_body(model, scenario, extra, stream=True), "background": True, "store": True}
     with httpx.Client(base_url=base_url.rstrip("/") + "/v1", timeout=httpx.Timeout(60, read=30)) as http:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs, parse_sse
+from toolkit.verify.grammar import check_events, compare_outputs, parse_sse
 from scripts.support.responses_requests import SCENARIOS
 from tests.patches.vllm.responses_stream.support import simulate
 

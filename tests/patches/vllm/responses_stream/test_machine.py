@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolkit.patches.vllm.responses_stream.grammar import check_events
+from toolkit.verify.grammar import check_events
 from toolkit.patches.vllm.responses_stream.machine import ResponsesStream
 from toolkit.patches.vllm.responses_stream.segmenter import Markers, Segmenter
 from scripts.support.responses_requests import SCENARIOS

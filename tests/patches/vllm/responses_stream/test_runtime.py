@@ -13,7 +13,7 @@ from scripts.support.responses_requests import MODEL
 from scripts.support.vllm_private import venv_python
 from tests.harness.channel import run_driver
 from tests.harness.fixtures import REPO_ROOT
-from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
+from toolkit.verify.grammar import check_events, compare_outputs
 from tests.patches.vllm.responses_stream.support import CASES, EXPECTED, summary
 
 pytestmark = pytest.mark.engine

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.patches.vllm.responses_stream.grammar import check_events
+from toolkit.verify.grammar import check_events
 from tests.patches.vllm.responses_stream.support import BACKGROUND_CASES, CASES, problems
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]

@@ -65,7 +65,7 @@ def test_stream_completed_event_carries_the_same_ids(http, tito_server):
     plain = http.responses(input=B).json()
     events = http.stream(input=B)
     if "responses-stream" in tito_server.patches:  # the two patches compose: the stream stays well formed
-        from toolkit.patches.vllm.responses_stream.grammar import check_events
+        from toolkit.verify.grammar import check_events
 
         assert check_events(events) == []
     completed = [event for event in events if event["type"] in ("response.completed", "response.incomplete")]
@@ -148,7 +148,7 @@ def test_tool_call_parsed_with_input_ids_streaming_and_not(http, tito_server):
         calls = [item for item in response["output"] if item["type"] == "function_call"]
         assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
     if "responses-stream" in tito_server.patches:
-        from toolkit.patches.vllm.responses_stream.grammar import check_events
+        from toolkit.verify.grammar import check_events
 
         assert check_events(events) == []
 
@@ -215,7 +215,7 @@ def test_item_ids_reasoning_then_text_streaming_and_not(http, tito_server):
     assert [(item["type"], item["token_ids"]) for item in done_items(events)] == \
         [(item["type"], item["token_ids"]) for item in final["output"]]
     if "responses-stream" in tito_server.patches:
-        from toolkit.patches.vllm.responses_stream.grammar import check_events
+        from toolkit.verify.grammar import check_events
 
         assert check_events(events) == []
     off = http.responses(**body, return_token_ids=False).json()

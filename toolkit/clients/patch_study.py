@@ -1,7 +1,7 @@
 """PatchStudy: the client of the patch-sweep server (vLLM with ``patch-sweep`` applied and
 ``TOOLKIT_ENABLE_PATCHING=1``).
 
-    from toolkit.patches.vllm.patch_sweep.client import PatchStudy, Span
+    from toolkit.clients.patch_study import PatchStudy, Span
 
     study = PatchStudy("http://localhost:8000")
     clean = study.capture("The Eiffel Tower is in the city of")

@@ -1,104 +1,14 @@
-"""The checks behind `toolkit verify`: a served engine keeps the token-id contract.
-
-Every check runs greedy requests against a live OpenAI-compatible server and compares what comes
-back with itself (stream vs non-stream, concurrent vs alone) and with the model's own tokenizer
-run locally. Each check names the patch it needs per engine (None: the engine has it natively)
-and is skipped, with the reason, when that patch is not applied.
-"""
+"""The core `toolkit verify` checks: the token-id contract every patched engine keeps (token ids out;
+the tito patch's input ids in)."""
 
 from __future__ import annotations
 
 import concurrent.futures
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
+from typing import Any
 
-from toolkit.verify.client import ChatClient, ChatOutcome, HTTPStatusError, ServerGone
-
-if TYPE_CHECKING:
-    from toolkit.declare import Patch
-
-PASS, FAIL, SKIP, ERROR = "pass", "fail", "skip", "error"
-
-MESSAGES = [
-    {"role": "system", "content": "You are a terse assistant."},
-    {"role": "user", "content": "Name three prime numbers and say why they are prime."},
-]
-OTHER_MESSAGES = [
-    {"role": "user", "content": "def fibonacci(n):"},
-]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather for a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-        },
-    }
-]
-
-
-@dataclass
-class CheckResult:
-    name: str
-    status: str
-    detail: str = ""
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-class CheckFailed(AssertionError):
-    def __init__(self, detail: str, **evidence: Any) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.evidence = evidence
-
-
-@dataclass
-class Target:
-    """The server under test."""
-
-    base_url: str
-    model: str  # the served model name
-    engine: str  # "vllm" or "sglang"
-    tokenizer: Any  # a transformers tokenizer of the model, loaded locally
-    applied_patches: set[str]
-    client: ChatClient = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.client = ChatClient(self.base_url, self.model)
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    description: str
-    requires: dict[str, str | None]  # engine -> patch id it needs (None: native)
-    run: Callable[[Target], str]
-
-    def missing_patch(self, target: Target) -> str | None:
-        """The patch this check needs and the target lacks; '' when the engine can't do it at all."""
-        if target.engine not in self.requires:
-            return ""
-        patch = self.requires[target.engine]
-        if patch is not None and patch not in target.applied_patches:
-            return patch
-        return None
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def ids_evidence(label_a: str, a: list[int], label_b: str, b: list[int]) -> dict[str, Any]:
-    return {label_a: a, label_b: b, "first_difference": first_difference(a, b)}
-
-
-def decoded(target: Target, ids: list[int]) -> str:
-    return target.tokenizer.decode(ids, skip_special_tokens=True)
-
+from toolkit.verify.checks.base import (MESSAGES, OTHER_MESSAGES, TOOLS, Check, CheckFailed, CheckSkipped, Target,
+                                        decoded, ids_evidence)
+from toolkit.verify.client import ChatOutcome, HTTPStatusError
 
 # What decode(token_ids) may differ from the content by: the engine strips the EOS token's text
 # (skip_special_tokens) and nothing else. Anything else is a mismatch.
@@ -160,10 +70,6 @@ def check_stream_vs_nonstream(target: Target) -> str:
     _require_ids(stream, "streaming")
     _parity(target, stream, plain, "stream vs non-stream")
     return f"same {len(plain.prompt_token_ids or [])} prompt ids and {len(plain.choices[0].token_ids)} completion ids"
-
-
-class CheckSkipped(Exception):
-    """The server under test cannot run this check as configured; the message says why."""
 
 
 def check_tools(target: Target) -> str:
@@ -270,83 +176,3 @@ CORE: list[Check] = [
     Check("concurrency", "n=2 and 16 concurrent mixed requests pass the checks above", TOKEN_IDS, check_concurrency),
 ]
 
-
-def patch_skip(check: Check, target: Target) -> CheckResult | None:
-    """``check``'s skip on ``target`` when the engine cannot run it or a patch it needs is not applied:
-    known from the install alone, before any request. None when it can run."""
-    missing = check.missing_patch(target)
-    if missing == "":
-        return CheckResult(check.name, SKIP, f"not available on {target.engine}")
-    if missing:
-        return CheckResult(check.name, SKIP, f"patch {missing} is not applied to {target.engine}")
-    return None
-
-
-def skips_before_serving(target: Target, names: list[str] | None = None,
-                         checks: Sequence[Check] | None = None) -> list[CheckResult] | None:
-    """When not one of ``names`` (default: all) of ``checks`` can run on ``target`` (``patch_skip``: only its
-    ``engine`` and ``applied_patches`` are read, so an install will do), their skips; else None. A server
-    started for such a run would answer nothing."""
-    checks = all_checks() if checks is None else list(checks)
-    skips = [patch_skip(check, target) for check in checks if not names or check.name in names]
-    return cast("list[CheckResult]", skips) if all(skips) else None  # all(): not one is None
-
-
-def run_checks(target: Target, names: list[str] | None = None,
-               on_result: Callable[[CheckResult], None] | None = None,
-               checks: Sequence[Check] | None = None) -> list[CheckResult]:
-    """Run ``names`` (default: all) of ``checks`` (default: :func:`all_checks`) against ``target``."""
-    checks = all_checks() if checks is None else list(checks)
-    known = {check.name for check in checks}
-    unknown = [n for n in names or [] if n not in known]
-    if unknown:
-        raise ValueError(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    results = []
-    for check in checks:
-        if names and check.name not in names:
-            continue
-        result = patch_skip(check, target)
-        if result is None:
-            try:
-                result = CheckResult(check.name, PASS, check.run(target))
-            except CheckSkipped as exc:
-                result = CheckResult(check.name, SKIP, str(exc))
-            except CheckFailed as exc:
-                result = CheckResult(check.name, FAIL, exc.detail, exc.evidence)
-            except ServerGone as exc:
-                result = CheckResult(check.name, ERROR, f"the server stopped answering: {exc}")
-            except AssertionError as exc:
-                result = CheckResult(check.name, FAIL, str(exc))
-        results.append(result)
-        if on_result:
-            on_result(result)
-        if result.status == ERROR:
-            break  # a dead server fails every later check the same way
-    return results
-
-
-# The checks whose missing patch makes the verdict "nothing verified"; the others are extras that a
-# patch adds (input ids in, the Responses API) and are skipped, with the reason, without it.
-CORE_CHECKS = ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "concurrency")
-
-
-def missing_patches(target: Target) -> list[str]:
-    """Patches the target lacks that core checks need (for the "apply these first" message)."""
-    return sorted({p for c in CORE if c.name in CORE_CHECKS for p in [c.missing_patch(target)] if p})
-
-
-def all_checks(patches: Sequence[Patch] | None = None) -> list[Check]:
-    """The core checks, then each registered patch's own (its ``verify_checks``), in registry order
-    (``patches``: the registry as the caller read it)."""
-    from toolkit import patch_registry
-
-    checks = list(CORE)
-    for patch in patch_registry.registry() if patches is None else patches:
-        checks.extend(check for check in patch.load_verify_checks() if check not in checks)
-    return checks
-
-
-def __getattr__(name: str) -> Any:
-    if name == "CHECKS":  # every check, core and contributed (loads the patches' check modules)
-        return all_checks()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

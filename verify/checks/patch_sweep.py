@@ -1,14 +1,12 @@
-"""The patch-sweep patch's own `toolkit verify` check (registered by ``Patch.verify_checks``).
-
-Part of the verifier, kept beside the patch it checks: it may import ``toolkit.verify``.
-"""
+"""The `toolkit verify` check ``patch-sweep`` (needs the vLLM patch-sweep patch, with its routes on):
+/v1/patch_sweep driven through the PatchStudy client."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from toolkit.patches.vllm.patch_sweep.client import PatchStudy, PatchStudyError, Span
-from toolkit.verify.checks import Check, CheckFailed, CheckSkipped, Target, first_difference, ids_evidence
+from toolkit.clients.patch_study import PatchStudy, PatchStudyError, Span
+from toolkit.verify.checks.base import Check, CheckFailed, CheckSkipped, Target, first_difference, ids_evidence
 from toolkit.verify.client import ServerGone
 
 
@@ -25,9 +23,16 @@ def _sweep_prompts(tokenizer: Any) -> tuple[str, str, list[int], str, int]:
     for clean_word, corrupt_word in SWEEP_PAIRS:
         clean, corrupt = SWEEP_TEMPLATE.format(clean_word), SWEEP_TEMPLATE.format(corrupt_word)
         a, b = tokenizer.encode(clean), tokenizer.encode(corrupt)
-        if len(a) == len(b) and a != b:
-            return clean, corrupt, b, corrupt_word, first_difference(a, b)
+        differs_at = first_difference(a, b)
+        if len(a) == len(b) and differs_at is not None:
+            return clean, corrupt, list(b), corrupt_word, differs_at
     raise CheckSkipped("no prompt pair of equal token length for this tokenizer")
+
+
+def _cells(grid: list[list[float | None]]) -> list[list[float]] | None:
+    """The grid's values when every cell was run; None when one was skipped."""
+    rows = [[value for value in row if value is not None] for row in grid]
+    return rows if all(len(a) == len(b) for a, b in zip(rows, grid)) else None
 
 
 def check_patch_sweep(target: Target) -> str:
@@ -55,7 +60,7 @@ def check_patch_sweep(target: Target) -> str:
         except PatchStudyError as exc:
             raise CheckFailed(f"capture: {exc}") from None
         try:
-            sweep = dict(run=name, layers="all", positions=[Span(word), 0, last], hook="post_block",
+            sweep: dict[str, Any] = dict(run=name, layers="all", positions=[Span(word), 0, last], hook="post_block",
                          answer_token_id=corrupt_ids[-1], foil_token_id=corrupt_ids[0], metric="logit_diff")
             streamed_cells: list[tuple[int, int]] = []
             try:
@@ -67,18 +72,23 @@ def check_patch_sweep(target: Target) -> str:
             if plain.raw.get("prompt_token_ids") != corrupt_ids:
                 raise CheckFailed("the sweep tokenized the prompt differently from the model's tokenizer",
                                   **ids_evidence("server", plain.raw.get("prompt_token_ids") or [], "local", corrupt_ids))
-            positions, layers, grid = plain.positions, plain.layers, plain.grid
+            positions, layers = plain.positions, plain.layers
+            grid, streamed = _cells(plain.grid), _cells(summary.grid)
             span = [p for p in positions if p not in (0, last)]
             if not span or differs_at not in span or positions[-2:] != [0, last] or positions[:len(span)] != span:
                 raise CheckFailed(f"positions {positions}: expected the tokens of {word!r} (from {differs_at}), 0, {last}")
-            if len(grid) != len(layers) or any(len(row) != len(positions) or None in row for row in grid):
-                raise CheckFailed("the grid is not layers x positions with every cell run", grid=grid)
+            if grid is None or len(grid) != len(layers) or any(len(row) != len(positions) for row in grid):
+                raise CheckFailed("the grid is not layers x positions with every cell run", grid=plain.grid)
+            if streamed is None:
+                raise CheckFailed("the streamed summary has cells that were not run", stream=summary.grid)
             if len(streamed_cells) != len(layers) * len(positions):
                 raise CheckFailed(f"stream: {len(streamed_cells)} cell events for {len(layers) * len(positions)} cells")
-            stream_gap = max(abs(a - b) for ra, rb in zip(grid, summary.grid) for a, b in zip(ra, rb))
+            stream_gap = max(abs(a - b) for ra, rb in zip(grid, streamed) for a, b in zip(ra, rb))
             if summary.positions != positions or stream_gap > SWEEP_TOLERANCE:
                 raise CheckFailed(f"the streamed summary differs from the non-streamed response (max {stream_gap:.2e})",
                                   stream=summary.grid, nonstream=grid)
+            if not plain.baselines:
+                raise CheckFailed("the sweep's response has no baselines (the clean and corrupt runs' values)")
             clean_value = plain.baselines["clean"]["logit_diff"]
             corrupt_value = plain.baselines["corrupt"]["logit_diff"]
             restored = grid[-1][-1]
@@ -111,5 +121,6 @@ def check_patch_sweep(target: Target) -> str:
 
 CHECKS = [
     Check("patch-sweep", "/v1/patch_sweep: a small grid, stream = non-stream, known cells, a clean 400",
-          {"vllm": "patch-sweep"}, check_patch_sweep),
+          {"vllm": "patch-sweep"}, check_patch_sweep,
+          env=(("TOOLKIT_ENABLE_PATCHING", "1"),)),  # the sweep routes are added only when enabled
 ]

@@ -177,7 +177,8 @@ class _Checker:
             self.problem("item has no id")
         elif item_id in self.ids:
             self.problem(f"item id {item_id} is used twice")
-        self.ids.add(item_id)
+        else:
+            self.ids.add(item_id)
         if item.get("status", "in_progress") != "in_progress" and kind != "custom_tool_call":
             self.problem(f"added item status is {item.get('status')!r}, expected 'in_progress'")
         state: dict[str, Any] = {"type": kind, "id": item_id, "index": index, "parts": [], "part": None,

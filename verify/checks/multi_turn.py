@@ -1,8 +1,5 @@
-"""The tito patch's `toolkit verify` check ``multi-turn`` (registered by both engines' tito
-``Patch.verify_checks``): a three-turn conversation with a tool call, through the prefix splice.
-
-Part of the verifier, kept beside the patches it checks (`toolkit.patches.<engine-or-common>.<patch>.check`, as
-the architecture test names a patch's check): it may import ``toolkit.verify``.
+"""The `toolkit verify` check ``multi-turn`` (needs the tito patch, on either engine): a three-turn
+conversation with a tool call, through the prefix splice.
 
 Turn one asks for the weather with a tool offered and named in ``tool_choice`` (when the model does
 not finish the call, it is steered to a Hermes-format call by a regex: the verify server's default
@@ -17,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolkit.verify.checks import MESSAGES, TOOLS, Check, CheckFailed, Target, first_difference
+from toolkit.verify.checks.base import MESSAGES, TOOLS, Check, CheckFailed, Target, first_difference
 from toolkit.verify.client import ChatOutcome, HTTPStatusError
 
 TOOL_RESULT = "sunny, 21 degrees"
@@ -46,8 +43,9 @@ def _assistant(outcome: ChatOutcome) -> dict[str, Any]:
 
 def _turn(target: Target, messages: list[dict], prefix: list[int] | None, what: str, max_tokens: int = 16,
           **extra: Any) -> ChatOutcome:
-    outcome = target.client.chat(messages, max_tokens=max_tokens, **extra,
-                                 **({"prefix_token_ids": prefix} if prefix else {}))
+    if prefix:
+        extra["prefix_token_ids"] = prefix
+    outcome = target.client.chat(messages, max_tokens=max_tokens, **extra)
     if outcome.prompt_token_ids is None or not outcome.choices or not outcome.choices[0].ids_seen:
         raise CheckFailed(f"{what}: the response has no prompt_token_ids / token_ids")
     return outcome

@@ -1,18 +1,15 @@
-"""The responses-stream patch's own `toolkit verify` check (registered by ``Patch.verify_checks``).
-
-Part of the verifier, kept beside the patch it checks: it may import ``toolkit.verify``.
-"""
+"""The `toolkit verify` check ``responses-stream`` (needs the vLLM responses-stream patch)."""
 
 from __future__ import annotations
 
-from toolkit.patches.vllm.responses_stream.grammar import check_events, compare_outputs
-from toolkit.verify.checks import MESSAGES, TOOLS, Check, CheckFailed, Target
+from toolkit.verify.grammar import check_events, compare_outputs
+from toolkit.verify.checks.base import MESSAGES, TOOLS, Check, CheckFailed, Target
 from toolkit.verify.client import HTTPStatusError
 
 
 def check_responses_stream(target: Target) -> str:
     """/v1/responses streamed: the events follow the OpenAI grammar (checked by a state machine over
-    the events, toolkit.patches.vllm.responses_stream.grammar), the terminal response holds exactly the
+    the events, toolkit.verify.grammar), the terminal response holds exactly the
     streamed items, and the non-streaming response to the same greedy request has the same items.
     Once cut by max_output_tokens (the incomplete path) and once run to a longer limit, with tools
     offered when the server parses tool calls."""
