@@ -279,7 +279,7 @@ import json, sys, timeit, types
 import vllm.entrypoints.openai.chat_completion.protocol as original
 from toolkit.patches.vllm.tito import runtime
 from toolkit.patches.vllm.tito.patch import PATCH
-from toolkit.transform import transform_or_raise
+from toolkit.engine.transform import transform_or_raise
 
 edit = next(e for e in PATCH.files if e.relpath.endswith("chat_completion/protocol.py"))
 patched = types.ModuleType("tito_protocol")

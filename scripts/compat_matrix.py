@@ -46,7 +46,7 @@ from toolkit import matrix, patch_registry, releases  # noqa: E402
 from toolkit.errors import PatchError  # noqa: E402
 from toolkit.matrix import assign_groups, files_digest  # noqa: E402,F401
 from toolkit.releases import LINES, SLIM_MARKER  # noqa: E402,F401
-from toolkit.sources import SourceTree, load_source  # noqa: E402,F401
+from toolkit.engine.sources import SourceTree, load_source  # noqa: E402,F401
 
 RELEASES = releases.KNOWN_RELEASES  # every release of each line on the index, as of the matrix's last widening
 

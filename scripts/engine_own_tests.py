@@ -220,8 +220,8 @@ def private_copy(site: Path, entries: list[Path], scratch: Path, package: str, p
     worker); with ``patches``, applied to the copy by the patch engine (its writes replace files, so the
     links into the shared venv are never written through)."""
     from scripts.support.release_copy import StillPatched, release_files_back
-    from toolkit import engine as patch_engine
-    from toolkit.sources import load_source
+    from toolkit.engine import patching as patch_engine
+    from toolkit.engine.sources import load_source
 
     root = Path(tempfile.mkdtemp(prefix="own-tests-", dir=str(scratch)))
     for entry in entries:

@@ -22,7 +22,7 @@ from rich.rule import Rule
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolkit.sse import iter_sse  # noqa: E402
+from toolkit.base.sse import iter_sse  # noqa: E402
 from toolkit.verify.server import EngineServer  # noqa: E402
 
 console = Console()

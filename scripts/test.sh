@@ -24,7 +24,7 @@ fi
 BOOT_PYTHON=${BOOT_PYTHON:-python3}
 PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-phases.XXXXXX")
 FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
-# Codemod results shared by this run's processes (toolkit/transform_cache.py): a release's file rewritten
+# Codemod results shared by this run's processes (toolkit/engine/transform_cache.py): a release's file rewritten
 # the same way by the matrix, the conformance suite, the SGLang group runs and each server's apply runs
 # libcst once. Kept between runs (the full run and --quick alike) in <cache>/codemods: an entry's key holds
 # every .py file of the toolkit package (patches included), libcst, Python, the source and the engine

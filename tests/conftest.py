@@ -32,9 +32,9 @@ import pytest as _pytest
 
 @_pytest.fixture(autouse=True)
 def _codemod_results_per_test():
-    """The patch engine remembers codemod results in-process (toolkit/transform.py); each test starts
+    """The patch engine remembers codemod results in-process (toolkit/engine/transform.py); each test starts
     with none, so a test that changes a transformer in place never sees another test's results."""
-    transform = _sys.modules.get("toolkit.transform")
+    transform = _sys.modules.get("toolkit.engine.transform")
     if transform is not None:
         transform.forget()
     yield

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not typing's: the command line starts here, and a Ctrl-C before its handler is a traceback
 
-from toolkit.lazy import lazy_attributes
-from toolkit.version import __version__
+from toolkit.base.lazy import lazy_attributes
+from toolkit.base.version import __version__
 
 if TYPE_CHECKING:
     from toolkit.api import apply_patch, patch_status, revert_patch

@@ -6,7 +6,7 @@ Kept light on purpose: a Ctrl-C while rich and the command line load, or a reade
 Ctrl-C ends a command at once ("interrupted", exit 130) instead of raising ``KeyboardInterrupt``
 wherever Python happens to be: raised inside an import or a weakref callback, that exception is only
 reported ("Exception ignored in ...") and the command goes on. Nothing is lost by ending at once: the
-patch engine holds signals while it writes (``toolkit.interrupts``), puts every file back, then hands
+patch engine holds signals while it writes (``toolkit.engine.interrupts``), puts every file back, then hands
 the signal on to this handler. ``verify`` keeps ``KeyboardInterrupt`` until it is done, so that it
 stops the server it started.
 """
@@ -31,12 +31,12 @@ def run() -> None:
         sys.stderr.write("interrupted\n")
         code = 130
     except BrokenPipeError:  # Python's documented recipe: no flush error at exit either
-        from toolkit.cli_output import silence_stdout
+        from toolkit.cli.output import silence_stdout
 
         silence_stdout()
         code = 141
     except OSError as exc:  # the last flush of what argparse printed (--help > /dev/full)
-        from toolkit.cli_output import StdoutError, silence_stdout
+        from toolkit.cli.output import StdoutError, silence_stdout
 
         silence_stdout()
         sys.stderr.write(f"toolkit: {StdoutError(exc)}\n")
@@ -57,7 +57,7 @@ def _flush() -> None:
 def _stop(signum: int, frame: object) -> None:
     import os
 
-    output = sys.modules.get("toolkit.cli_output")  # loaded: a command is running, maybe with --json
+    output = sys.modules.get("toolkit.cli.output")  # loaded: a command is running, maybe with --json
     if output is not None and getattr(output, "INTERRUPTED", None) is not None:
         try:  # the one JSON object even now: "interrupted": true and what was committed before
             output.emit_interrupted()

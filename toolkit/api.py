@@ -8,17 +8,17 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
-from toolkit import engine as _engine
-from toolkit import interrupts
-from toolkit.discovery import InstalledEngine, interpreter
-from toolkit.discovery import find_engines as find_engines  # `as`: the CLI imports it from here
-from toolkit.engine import PatchState, Result
+from toolkit.engine import patching as _engine
+from toolkit.engine import interrupts
+from toolkit.engine.discovery import InstalledEngine, interpreter
+from toolkit.engine.discovery import find_engines as find_engines  # `as`: the CLI imports it from here
+from toolkit.engine.patching import PatchState, Result
 from toolkit.errors import UsageError
 from toolkit.patch_registry import Selection
 from toolkit.patch_registry import select as select  # `as`: the CLI imports it from here
 
 if TYPE_CHECKING:
-    from toolkit.repair import FetchRelease, RepairResult
+    from toolkit.engine.repair import FetchRelease, RepairResult
 
 
 def engines_of(selection: Selection, python: str | None) -> list[InstalledEngine]:
@@ -108,7 +108,7 @@ def _each(verb: Callable[..., Result], selection: Selection, python: str | None,
 def apply_each(selection: Selection, python: str | None = None, *, python_option: str = "python=PATH",
                around: Around = _no_spinner, on_result: Callable[[Result], None] | None = None,
                **options: object) -> list[Result]:
-    """Apply ``selection`` to each installed engine it is about (``options``: :func:`toolkit.engine.apply`'s
+    """Apply ``selection`` to each installed engine it is about (``options``: :func:`toolkit.engine.patching.apply`'s
     force, dry_run, allow_unknown_version, allow_editable, lock_timeout); one :class:`Result` per engine,
     each also handed to ``on_result`` as soon as it is committed."""
     return _each(_engine.apply, selection, python, python_option, around, options, on_result)
@@ -118,7 +118,7 @@ def revert_each(selection: Selection, python: str | None = None, *, python_optio
                 around: Around = _no_spinner, on_result: Callable[[Result], None] | None = None,
                 **options: object) -> list[Result]:
     """Revert ``selection`` (no patch named: every patch) on each installed engine it is about
-    (``options``: :func:`toolkit.engine.revert`'s force, dry_run, lock_timeout; ``on_result`` as above)."""
+    (``options``: :func:`toolkit.engine.patching.revert`'s force, dry_run, lock_timeout; ``on_result`` as above)."""
     return _each(_engine.revert, selection, python, python_option, around, options, on_result)
 
 
@@ -188,8 +188,8 @@ def repair_engines(
     """Put each installed engine back to its release's files (checked against pip's RECORD), clear its
     patch state, and remove the state of engines no longer installed. ``fetch(dist, version)`` gives
     the release wheel or tree (default: ``pip download``)."""
-    from toolkit.discovery import site_dirs
-    from toolkit.repair import RepairResult, orphan_states, repair
+    from toolkit.engine.discovery import site_dirs
+    from toolkit.engine.repair import RepairResult, orphan_states, repair
 
     check_engine_arg(engine)
     python = python_arg(python)

@@ -1,6 +1,6 @@
 """The codemod base: the libcst transformer every patch edit builds on (declarations: ``toolkit.declare``).
 
-A patch module declares a :class:`Patch`; the patch engine (``toolkit.engine``) knows nothing of any
+A patch module declares a :class:`Patch`; the patch engine (``toolkit.engine.patching``) knows nothing of any
 one patch. Each transformer subclasses :class:`AnchoredTransformer`, matches engine code by structure
 (libcst matchers) and records every anchor it finds, so that a missing or ambiguous anchor fails the
 whole apply with the file, the anchor and the engine version named.

@@ -20,7 +20,7 @@ from toolkit import patch_registry, releases
 from toolkit.declare import Patch
 from toolkit.errors import UsageError
 from toolkit.patch_registry import Catalog
-from toolkit.sources import SourceTree
+from toolkit.engine.sources import SourceTree
 from toolkit.testing import anchor_problems, golden_problems
 
 # Kit API v1: what `toolkit matrix` is made of, for a script that builds its own table

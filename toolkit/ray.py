@@ -23,11 +23,11 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
-from toolkit import engine as _engine
+from toolkit.engine import patching as _engine
 from toolkit.api import check_lock_timeout, check_patches_arg
 from toolkit.errors import PatchError, UsageError
-from toolkit.start_check import engine_start_env
-from toolkit.version import __version__
+from toolkit.cluster.start_check import engine_start_env
+from toolkit.base.version import __version__
 
 DEFAULT_NODE_TIMEOUT = 600.0  # seconds one node's toolkit run may take (a cold apply of every patch: ~half a minute)
 SCHEDULE_SLACK = 120.0  # on top: starting a Ray worker on the node and shipping the answer back
@@ -82,7 +82,7 @@ class ClusterReport:
     @property
     def engine_env(self) -> dict[str, str]:
         """The variables to start vLLM with, so that each of its processes, on every node, refuses to start
-        on an install without the patches every node has now (:mod:`toolkit.start_check`); empty when no
+        on an install without the patches every node has now (:mod:`toolkit.cluster.start_check`); empty when no
         vLLM patch is applied or a node failed."""
         vllm = [row for row in self.nodes if row.engine == "vllm"]
         if not vllm or not self.ok:
@@ -291,9 +291,9 @@ def _run_on_every_node(ray: Any, commands: list[list[str]], node_timeout: float)
     from ray import cloudpickle
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from toolkit import ray_node
+    from toolkit.cluster import ray_node
 
-    # By value, so that a node without this package can load the task and say so (toolkit.ray_node).
+    # By value, so that a node without this package can load the task and say so (toolkit.cluster.ray_node).
     cloudpickle.register_pickle_by_value(ray_node)
     nodes = [_Node(n["NodeID"], str(n.get("NodeName") or n.get("NodeManagerAddress") or "?"))
              for n in ray.nodes() if n.get("Alive")]

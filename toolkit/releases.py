@@ -36,7 +36,7 @@ from toolkit.errors import PatchError, UsageError
 __all__ = ["KNOWN_RELEASES", "releases_of", "release_tree"]
 
 if TYPE_CHECKING:
-    from toolkit.sources import SourceTree
+    from toolkit.engine.sources import SourceTree
 
 # Engine lines: distribution -> (engine, the releases the matrix covers).
 LINES = {
@@ -253,7 +253,7 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
     A wheel this call downloads is deleted once the slim tree is cut, unless ``keep_wheel``: a matrix or
     conformance run leaves only slim trees (a few MB a release, where a wheel is up to 340 MB). A wheel
     already in the cache (scripts/fetch_sources.py's, which the test setup builds venvs from) is left."""
-    from toolkit.sources import load_source
+    from toolkit.engine.sources import load_source
 
     dest = slim_dir(dist, version)
     requested = slim_requested(dest)
@@ -283,7 +283,7 @@ def release_tree(dist: str, version: str, relpaths: Sequence[str], *, offline: b
                  keep_wheel: bool = False) -> SourceTree:
     """The files of ``dist==version``: the whole unpacked tree when cached, else the slim tree holding
     ``relpaths`` (widened or built, downloading the wheel unless ``offline``)."""
-    from toolkit.sources import load_source
+    from toolkit.engine.sources import load_source
 
     check_release(dist, version)
     unpacked = source_dir(dist, version)

@@ -46,14 +46,15 @@ import textwrap
 from pathlib import Path
 from typing import Any, Sequence, Union
 
-from toolkit import engine, patch_registry
+from toolkit import patch_registry
+from toolkit.engine import patching as engine
 from toolkit import releases as _releases  # the module; `releases` is a parameter below
-from toolkit.check import file_outcomes
+from toolkit.engine.check import file_outcomes
 from toolkit.declare import Patch, PatchContext, TransformerRef
-from toolkit.discovery import InstalledEngine
+from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import PatchError
 from toolkit.patch_registry import Catalog
-from toolkit.sources import SourceTree
+from toolkit.engine.sources import SourceTree
 
 __all__ = ["assert_codemod", "assert_conforms", "conformance_problems", "golden_problems", "anchor_problems",
            "composition_problems", "copy_files", "digests"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.extras import require
-from toolkit.sse import iter_sse, parse_sse
+from toolkit.base.extras import require
+from toolkit.base.sse import iter_sse, parse_sse
 
 require("verify", ("httpx",), "toolkit verify")
 import httpx  # noqa: E402

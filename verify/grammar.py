@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from toolkit.sse import parse_sse
+from toolkit.base.sse import parse_sse
 
 # parse_sse is re-exported: tests and scripts read streams with it
 __all__ = ["as_dict", "check_events", "compare_outputs", "parse_sse"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from toolkit.extras import require
+from toolkit.base.extras import require
 
 require("verify", ("psutil",), "toolkit verify's server launcher")
 import psutil  # noqa: E402

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence, cast
 
 from toolkit.errors import UsageError
-from toolkit.extras import require
+from toolkit.base.extras import require
 
 require("verify", ("httpx", "psutil"), "toolkit verify")
 import httpx  # noqa: E402
@@ -91,7 +91,7 @@ def load_tokenizer(model: str) -> Any:
 
 
 def engine_install(engine: str | None, python: str | None):
-    from toolkit.discovery import find_engines
+    from toolkit.engine.discovery import find_engines
 
     installed = [e for e in find_engines(python) if engine in (None, e.engine)]
     return installed[0] if installed else None
@@ -122,8 +122,8 @@ def verify(
     on_result: Callable[[CheckResult], None] | None = None,
 ) -> VerifyReport:
     """Verify a served engine. Launches one unless ``url`` is given; never leaves a process behind."""
-    from toolkit import engine as patch_engine
-    from toolkit.discovery import interpreter
+    from toolkit.engine import patching as patch_engine
+    from toolkit.engine.discovery import interpreter
 
     started = time.monotonic()
     every_check = all_checks()

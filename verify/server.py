@@ -32,7 +32,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from toolkit.discovery import ENGINE_DISTRIBUTIONS as _DISTRIBUTION_ENGINES
+from toolkit.engine.discovery import ENGINE_DISTRIBUTIONS as _DISTRIBUTION_ENGINES
 from toolkit.verify.modelinfo_cache import modelinfo_dirs, save_modelinfos, seed_modelinfos
 from toolkit.verify.processes import create_time, group_members, pid_alive, send_signal, tree_and_group
 from toolkit.verify.server_launch import server_command, server_env, server_workdir

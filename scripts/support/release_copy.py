@@ -16,7 +16,7 @@ def release_files_back(site: Path, root: Path, package: str) -> None:
     """Put the release's bytes back in ``root/package`` from the venv's backups (``site``'s toolkit state),
     as new files (the hard links into the venv are never written through); then no file may carry a marker."""
     from toolkit.patch_registry import markers_in
-    from toolkit.state import StateDir
+    from toolkit.engine.state import StateDir
 
     state = StateDir(site, package)
     for relpath in state.backup_relpaths():

@@ -62,8 +62,8 @@ def private_vllm(patches: Sequence[str] = (), venv: Path = VLLM_VENV, version: s
     """A PYTHONPATH directory holding a hard-linked copy of vLLM ``version``'s package (+ its dist-info
     and, for the 0.33.0 overlay, the few dependencies it adds), with ``patches`` applied through the
     patch engine; removed afterwards."""
-    from toolkit import engine as patch_engine
-    from toolkit.sources import load_source
+    from toolkit.engine import patching as patch_engine
+    from toolkit.engine.sources import load_source
 
     site = site_packages(venv) if version == "0.32.0" else engine_site(version)
     scratch = venv.parent.parent / "scratch"  # beside the venvs: the same filesystem, so hard links work

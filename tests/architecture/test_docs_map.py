@@ -2,7 +2,7 @@
 against the code, so neither can drift (issue 52, "the map is the code").
 
 Every product module is on the map, by this rule: every ``.py`` file of ``toolkit/`` and ``verify/``
-(``toolkit/cli.py``); ``patches/__init__.py`` (the registry's entry-point reader), every module directly
+(``toolkit/cli/__init__.py``); ``patches/__init__.py`` (the registry's entry-point reader), every module directly
 in ``patches/common/`` and every folder ``patches/<engine>/<name>/`` (a patch, a plugin or shared code);
 every package folder of ``kernels/`` (``kernels/superlinear/triton/``). Each is named by its path.
 
@@ -130,9 +130,9 @@ def test_every_documented_function_exists():
 
 def test_the_checks_fail_on_a_map_that_drifted():
     text = MAP.read_text()
-    assert "`toolkit/plan.py`" in text and "`patches/vllm/tito/`" in text and "`plan.make_plan`" in text
-    without_plan = text.replace("`toolkit/plan.py`", "`plan`")
-    assert missing_modules(without_plan) == ["toolkit/plan.py"]
+    assert "`toolkit/engine/plan.py`" in text and "`patches/vllm/tito/`" in text and "`plan.make_plan`" in text
+    without_plan = text.replace("`toolkit/engine/plan.py`", "`plan`")
+    assert missing_modules(without_plan) == ["toolkit/engine/plan.py"]
     without_tito = text.replace("`patches/vllm/tito/`", "the tito folder")
     assert missing_modules(without_tito) == ["patches/vllm/tito/"]
     renamed = text + "\nThen `plan.make_the_plan` and `codemod.AnchoredTransformer.hit_twice` and `toolkit.verify.run.nowhere`.\n"

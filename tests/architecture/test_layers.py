@@ -12,15 +12,15 @@ from __future__ import annotations
 from tests.architecture.import_graph import cycles, edges, stray_top_level_imports
 
 LAYERS: list[tuple[str, tuple[str, ...]]] = [  # top first; a module's layer is its longest matching prefix
-    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli_output", "toolkit.cli_ray", "toolkit.scaffold")),
+    ("front", ("toolkit", "toolkit.__main__", "toolkit.cli", "toolkit.cli.output", "toolkit.cli.ray", "toolkit.kit.scaffold")),
     ("verify", ("toolkit.verify",)),
-    ("engine", ("toolkit.api", "toolkit.engine", "toolkit.check", "toolkit.status", "toolkit.plan", "toolkit.journal",
-                "toolkit.patch_registry", "toolkit.state", "toolkit.repair", "toolkit.patch_study", "toolkit.clients", "toolkit.testing",
-                "toolkit.matrix", "toolkit.ray", "toolkit.start_check", "toolkit.plugins")),
+    ("engine", ("toolkit.api", "toolkit.engine.patching", "toolkit.engine.check", "toolkit.engine.status", "toolkit.engine.plan", "toolkit.engine.journal",
+                "toolkit.patch_registry", "toolkit.engine.state", "toolkit.engine.repair", "toolkit.patch_study", "toolkit.clients", "toolkit.testing",
+                "toolkit.matrix", "toolkit.ray", "toolkit.cluster.start_check", "toolkit.plugins")),
     ("patches", ("toolkit.patches",)),
-    ("base", ("toolkit.codemod", "toolkit.transform", "toolkit.transform_cache", "toolkit.guard", "toolkit.lazy", "toolkit.sse", "toolkit.errors", "toolkit.discovery", "toolkit.sources", "toolkit.fs", "toolkit.interrupts", "toolkit.overlap",
-              "toolkit.version", "toolkit.extras", "toolkit.declare", "toolkit.kernels", "toolkit.releases",
-              "toolkit.ray_node")),
+    ("base", ("toolkit.codemod", "toolkit.engine.transform", "toolkit.engine.transform_cache", "toolkit.engine.guard", "toolkit.base.lazy", "toolkit.base.sse", "toolkit.errors", "toolkit.engine.discovery", "toolkit.engine.sources", "toolkit.engine.fs", "toolkit.engine.interrupts", "toolkit.engine.overlap",
+              "toolkit.base.version", "toolkit.base.extras", "toolkit.declare", "toolkit.kernels", "toolkit.releases",
+              "toolkit.cluster.ray_node")),
 ]
 RANK = {prefix: len(LAYERS) - i for i, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes}
 
@@ -71,7 +71,7 @@ def test_every_import_goes_down_or_sideways():
 
 def test_verify_knows_no_patch_by_name():
     """The verifier owns its checks (``toolkit.verify.checks``), each naming the patch id it needs; it learns
-    which patches an install has from the patch engine (``toolkit.engine.applied_ids``) and imports no
+    which patches an install has from the patch engine (``toolkit.engine.patching.applied_ids``) and imports no
     patch module itself."""
     wrong = [f"{module}:{line} imports {target}" for module, targets in sorted(edges().items())
              if module.startswith("toolkit.verify") for target, line in targets.items()

@@ -14,7 +14,7 @@ import pytest
 
 from tests.harness.fixtures import ensure_source_tree, load_script
 from toolkit import releases
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 
 @pytest.fixture(scope="module")

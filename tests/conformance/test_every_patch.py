@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from tests.harness.fixtures import ensure_source_tree
-from toolkit import engine, patch_registry
+from toolkit import patch_registry
+from toolkit.engine import patching as engine
 from toolkit.releases import DEFAULT_SOURCES
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 from toolkit.testing import copy_files, digests, golden_problems
-from toolkit.transform import run_transformers
+from toolkit.engine.transform import run_transformers
 
 # The trees scripts/fetch_sources.py fetches by default, as (distribution, version).
 SOURCES = [tuple(source.split("==")) for source in DEFAULT_SOURCES]

@@ -14,7 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from toolkit import engine, patch_registry, releases
+from toolkit import patch_registry, releases
+from toolkit.engine import patching as engine
 from toolkit.errors import PatchError
 from toolkit.testing import copy_files, digests
 

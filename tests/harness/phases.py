@@ -133,7 +133,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER") or not _UNIT_SECONDS or ran_in_part(session.config, exitstatus):
         return
     from tests.harness.fixtures import toolkit_cache_dir
-    from toolkit.fs import atomic_write
+    from toolkit.engine.fs import atomic_write
 
     path = toolkit_cache_dir() / RECORDED_NAME
     table = {**read_unit_seconds(path), **{unit: round(seconds, 1) for unit, seconds in _UNIT_SECONDS.items()}}

@@ -62,7 +62,7 @@ def _hidden_env(python: str, engine: str) -> dict[str, str]:
 
 
 def _patched_modules(python: str, engine: str) -> list[str]:
-    from toolkit.discovery import find_engines
+    from toolkit.engine.discovery import find_engines
 
     installed = {e.engine: e for e in find_engines(python)}[engine]
     manifest = json.loads((installed.site_dir / ".toolkit-state" / engine / "manifest.json").read_text())

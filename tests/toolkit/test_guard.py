@@ -1,4 +1,4 @@
-"""The runtime-import guard (toolkit/guard.py) on small modules, in a fresh interpreter each: with
+"""The runtime-import guard (toolkit/engine/guard.py) on small modules, in a fresh interpreter each: with
 ``toolkit`` importable the patched module runs; without it the release's file (the backup) runs in
 its place, whatever the patched code does with the runtime at module level; other import errors stay
 errors; a lost backup is one clear ImportError. A ``toolkit`` folder in the working directory does not
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.guard import guard_runtime_imports
+from toolkit.engine.guard import guard_runtime_imports
 
 BACKUP = "../.toolkit-state/x/backups/mod.py"
 RELEASE = "VALUE = 'release'\n"

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import engine, patch_registry
+from toolkit import patch_registry
+from toolkit.engine import patching as engine
 from toolkit.declare import Patch
-from toolkit.discovery import install_kind
+from toolkit.engine.discovery import install_kind
 from toolkit.errors import PatchError
 from toolkit.releases import release_tree
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 REPO = Path(__file__).resolve().parents[2]
 

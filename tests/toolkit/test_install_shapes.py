@@ -25,12 +25,13 @@ from pathlib import Path
 import pytest
 
 from tests.toolkit import demo_patches
-from toolkit import cli, engine, fs
-from toolkit.discovery import find_engines_here
+from toolkit import cli
+from toolkit.engine import patching as engine, fs
+from toolkit.engine.discovery import find_engines_here
 from toolkit.errors import PatchError
-from toolkit.repair import repair
-from toolkit.sources import load_source
-from toolkit.state import StateDir
+from toolkit.engine.repair import repair
+from toolkit.engine.sources import load_source
+from toolkit.engine.state import StateDir
 
 pytestmark = pytest.mark.usefixtures("demo_registry")  # the demo patches (tests/toolkit/conftest.py)
 
@@ -305,7 +306,7 @@ def test_every_cached_bytecode_of_a_replaced_file_goes_and_no_other(tmp_path):
 def test_the_release_wheel_cache_is_made_0755_whatever_the_umask(tmp_path, monkeypatch):
     """`repair` downloads the release's wheel into $TOOLKIT_CACHE_DIR/wheels: under umask 0 its folders
     were 0777 (Path.mkdir(parents=True)), so anyone could put a wheel there for the next repair."""
-    from toolkit.repair import pip_download
+    from toolkit.engine.repair import pip_download
 
     monkeypatch.setenv("TOOLKIT_CACHE_DIR", str(tmp_path / "cache" / "toolkit"))
     no_pip = tmp_path / "python"

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import cli, engine, fs, interrupts
+from toolkit import cli
+from toolkit.engine import patching as engine, fs, interrupts
 from toolkit.declare import Patch
 from toolkit.errors import PatchError
-from toolkit.sources import load_source
-from toolkit.state import StateDir
+from toolkit.engine.sources import load_source
+from toolkit.engine.state import StateDir
 
 from tests.toolkit import demo_patches
 
@@ -38,7 +39,7 @@ def test_a_signal_whose_handler_does_not_stop_still_rolls_back(site, monkeypatch
     before = _files(site)
     seen: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
-    monkeypatch.setattr("toolkit.journal._after_file_write", lambda relpath: os.kill(os.getpid(), signal.SIGINT))
+    monkeypatch.setattr("toolkit.engine.journal._after_file_write", lambda relpath: os.kill(os.getpid(), signal.SIGINT))
     try:
         with pytest.raises(PatchError, match="interrupted by SIGINT; every file was put back"):
             engine.apply(load_source(site).as_installed(), ["demo"])
@@ -96,7 +97,7 @@ def test_a_failed_rename_leaves_no_temp_file_and_names_the_engine_file(site, mon
 def test_repair_killed_at_its_last_step_leaves_status_true(tmp_path):
     """Kill a revert mid-way, then a repair just before it removes the manifest (its commit): every file
     is the release's, and status says an interrupted revert, never "drifted"; a revert then finishes."""
-    from toolkit.repair import repair
+    from toolkit.engine.repair import repair
 
     site = demo_patches.make_engine_tree(tmp_path / "site")
     demo_patches.write_record(site)
@@ -142,7 +143,7 @@ def test_a_timestamp_no_float_holds_breaks_nothing(site, capsys, updated_at):
 
 
 def test_repair_with_a_cache_folder_of_an_unknown_user(monkeypatch):
-    from toolkit.repair import pip_download
+    from toolkit.engine.repair import pip_download
 
     monkeypatch.setenv("TOOLKIT_CACHE_DIR", "~nosuchuser29/x")
     with pytest.raises(PatchError, match="names a home folder that does not exist"):

@@ -18,12 +18,13 @@ import libcst.matchers as m
 import pytest
 
 from tests.toolkit import demo_patches
-from toolkit import engine, patch_registry
+from toolkit import patch_registry
+from toolkit.engine import patching as engine
 from toolkit.codemod import AnchoredTransformer, FileEdit, Patch
 from toolkit.errors import PatchError
-from toolkit.overlap import edited_functions
+from toolkit.engine.overlap import edited_functions
 from toolkit.patches import RegistryError
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 
 class LogHandle(AnchoredTransformer):

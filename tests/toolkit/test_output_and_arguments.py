@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tests.toolkit import demo_patches
 from toolkit import api, cli
 from toolkit.errors import PatchError, UsageError
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ CHILD = textwrap.dedent(
     patch_registry.registry = lambda: [demo_patches.DEMO, demo_patches.SECOND]
     site = sys.argv.pop(1)
     if site != "-":
-        from toolkit.sources import load_source
+        from toolkit.engine.sources import load_source
         api.find_engines = lambda python=None: [load_source(site).as_installed()]
     exec(sys.argv.pop(1))
     sys.argv[0] = "toolkit"
@@ -150,7 +150,7 @@ def test_new_patch_json_into_a_full_stdout_says_the_folder_was_written(tmp_path)
 
 SIGNAL_AFTER_COMMIT = """
 import os, signal
-from toolkit import state
+from toolkit.engine import state
 write = state.StateDir.write_manifest
 calls = []
 def write_manifest(self, manifest):
@@ -163,7 +163,7 @@ state.StateDir.write_manifest = write_manifest
 
 SIGNAL_BEFORE_COMMIT = """
 import os, signal
-from toolkit import journal
+from toolkit.engine import journal
 journal._after_file_write = lambda relpath: os.kill(os.getpid(), signal.SIGINT)
 """
 
@@ -287,7 +287,7 @@ CLOSING = {"(": ")", "[": "]", "{": "}", "f(": ")", "x[": "]"}
 def test_check_source_on_any_deep_nesting_never_crashes(tmp_path_factory, pattern, depth):
     """Random mixes of nesting, in process: a crash inside libcst would end this very test run."""
     from toolkit import patch_registry
-    from toolkit.check import check_source
+    from toolkit.engine.check import check_source
 
     levels = (pattern * depth)[:depth]
     site = demo_patches.make_engine_tree(tmp_path_factory.mktemp("deep"))
@@ -421,7 +421,7 @@ def test_repair_says_nothing_of_files_the_release_does_not_have(tmp_path, monkey
     (site / "sglang/srt/stray.py").write_text("x = 1\n")  # on disk, not in RECORD: still said
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, elsewhere, stray])
     monkeypatch.setattr(api, "find_engines", lambda python=None: [load_source(site).as_installed()])
-    monkeypatch.setattr("toolkit.discovery.site_dirs", lambda python=None: [site])
+    monkeypatch.setattr("toolkit.engine.discovery.site_dirs", lambda python=None: [site])
     assert api.apply_patch(patches=["demo"]) is True
     assert cli.main(["repair"]) == 0
     out = capsys.readouterr().out
@@ -436,7 +436,7 @@ def test_direct_url_editable_as_a_string_is_read_as_editable(tmp_path, editable,
     patches without --allow-editable: it now reads as editable (the safe side)."""
     from importlib.metadata import PathDistribution
 
-    from toolkit.discovery import install_kind
+    from toolkit.engine.discovery import install_kind
 
     site = demo_patches.make_engine_tree(tmp_path / "site")
     dist_info = site / "sglang-0.5.9.dist-info"
@@ -469,7 +469,7 @@ def lost_backups(tmp_path, monkeypatch):
     site = tmp_path / "site"
     shutil.copytree(release, site)
     monkeypatch.setattr(api, "find_engines", lambda python=None: [load_source(site).as_installed()])
-    monkeypatch.setattr("toolkit.discovery.site_dirs", lambda python=None: [site])
+    monkeypatch.setattr("toolkit.engine.discovery.site_dirs", lambda python=None: [site])
     assert api.apply_patch() is True
     shutil.rmtree(site / ".toolkit-state/sglang/backups")
     cache = tmp_path / "cache"
@@ -490,7 +490,7 @@ def test_a_corrupt_cached_wheel_is_dropped_and_downloaded_again(lost_backups, tm
     pip = tmp_path / "python"
     pip.write_text(f'#!/bin/sh\nwhile [ $# -gt 0 ]; do [ "$1" = "-d" ] && cp {good} "$2/"; shift; done\n')
     pip.chmod(0o755)
-    from toolkit.repair import pip_download, repair
+    from toolkit.engine.repair import pip_download, repair
 
     result = repair(load_source(site).as_installed(), pip_download(str(pip)))
     assert set(result.restored.values()) == {"release"}

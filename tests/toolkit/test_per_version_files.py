@@ -18,11 +18,12 @@ import pytest
 
 from tests.toolkit import demo_patches
 from tests.toolkit.demo_patches import AddFieldToResponse, WrapHandle
-from toolkit import cli, engine, matrix, patch_registry
-from toolkit.check import check_source
+from toolkit import cli, matrix, patch_registry
+from toolkit.engine import patching as engine
+from toolkit.engine.check import check_source
 from toolkit.declare import FileEdit, Patch
 from toolkit.errors import PatchError
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 from toolkit.testing import golden_problems
 
 OLD, NEW = "0.5.9", "0.5.12"

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import cli, engine, patch_registry
+from toolkit import cli, patch_registry
+from toolkit.engine import patching as engine
 from toolkit.errors import PatchError
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 from tests.harness.fixtures import ensure_source_tree
 
@@ -102,10 +103,10 @@ def test_failure_between_writes_on_real_sources_puts_every_file_back(name, tmp_p
     def fail(relpath):
         raise OSError(5, "Input/output error (injected after the first write)")
 
-    monkeypatch.setattr("toolkit.journal._after_file_write", fail)
+    monkeypatch.setattr("toolkit.engine.journal._after_file_write", fail)
     with pytest.raises(PatchError, match="put back"):
         engine.apply(installed)
-    monkeypatch.setattr("toolkit.journal._after_file_write", None)
+    monkeypatch.setattr("toolkit.engine.journal._after_file_write", None)
     assert _digests(site, relpaths) == original  # the file already replaced was put back
     assert states(installed) == {"not applied"}
     engine.apply(installed)
@@ -141,8 +142,8 @@ def test_sigkill_mid_apply_on_real_sources(tmp_path):
         import sys, time
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from toolkit import engine, journal
-        from toolkit.sources import load_source
+        from toolkit.engine import patching as engine, journal
+        from toolkit.engine.sources import load_source
         def pause(relpath):
             Path({str(marker)!r}).write_text(relpath)
             time.sleep(900)

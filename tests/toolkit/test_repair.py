@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import api, cli, engine
+from toolkit import api, cli
+from toolkit.engine import patching as engine
 from toolkit.errors import PatchError
-from toolkit.repair import repair
-from toolkit.sources import load_source
+from toolkit.engine.repair import repair
+from toolkit.engine.sources import load_source
 
 from tests.toolkit import demo_patches
 
@@ -38,9 +39,9 @@ def site(tmp_path, release, monkeypatch) -> Path:
     shutil.copytree(release, site)
     monkeypatch.setattr(api, "find_engines", lambda python=None: [load_source(site).as_installed()]
                         if (site / "sglang").exists() else [])
-    import toolkit.discovery
+    import toolkit.engine.discovery
 
-    monkeypatch.setattr(toolkit.discovery, "site_dirs", lambda python=None: [site])
+    monkeypatch.setattr(toolkit.engine.discovery, "site_dirs", lambda python=None: [site])
     return site
 
 
@@ -135,7 +136,7 @@ def test_reinstall_of_the_same_release_shows_drifted_and_repair_clears_the_state
 
 
 def test_cli_repair_and_orphan_state_after_uninstall(site, release, monkeypatch, capsys):
-    monkeypatch.setattr("toolkit.repair.pip_download", lambda python: Fetch(release))
+    monkeypatch.setattr("toolkit.engine.repair.pip_download", lambda python: Fetch(release))
     engine.apply(installed(site), ["demo"])
     (site / ".toolkit-state/sglang/manifest.json").write_text("[]")
     assert cli.main(["repair"]) == 0

@@ -9,10 +9,11 @@ import os
 
 import pytest
 
-from toolkit import api, cli, engine
+from toolkit import api, cli
+from toolkit.engine import patching as engine
 from toolkit.codemod import FileEdit, Patch
 from toolkit.errors import DriftError, UsageError
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 from tests.toolkit import demo_patches
 
@@ -124,9 +125,9 @@ def test_status_says_when_the_engine_cannot_import_our_runtime(tmp_path, monkeyp
     import dataclasses
 
     from tests.toolkit import demo_patches
-    from toolkit import engine
-    from toolkit.sources import load_source
-    from toolkit.version import __version__
+    from toolkit.engine import patching as engine
+    from toolkit.engine.sources import load_source
+    from toolkit.base.version import __version__
 
     with_runtime = dataclasses.replace(demo_patches.DEMO, runtime_modules=("toolkit.patches.demo.runtime",))  # ours
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [with_runtime])

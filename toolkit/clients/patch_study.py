@@ -159,7 +159,7 @@ class SweepResult:
     def plot(self, path: str | Path, title: str | None = None) -> Path:
         """Write the heatmap as a PNG with matplotlib (the ``plot`` extra): layers down, positions (with
         their tokens) across, skipped cells blank."""
-        from toolkit.extras import require
+        from toolkit.base.extras import require
 
         require("plot", ("matplotlib",), "PatchStudy's plot()")
         import matplotlib

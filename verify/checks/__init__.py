@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from toolkit.lazy import lazy_attributes
+from toolkit.base.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from toolkit.verify.checks.base import (ERROR, FAIL, MESSAGES, PASS, SKIP, TOOLS, Check, CheckFailed, CheckResult,

@@ -3,7 +3,7 @@
 The verifier owns every check, the core ones and those of a patch's feature (``multi_turn``,
 ``patch_sweep``, ``responses_stream``): each names, per engine, the patch id it needs, and is skipped
 when the target lacks it. Which patches a target has is the caller's to say (``Target.applied_patches``,
-read from the install by ``toolkit.engine.applied_ids``): nothing here imports or loads a patch.
+read from the install by ``toolkit.engine.patching.applied_ids``): nothing here imports or loads a patch.
 """
 
 from __future__ import annotations

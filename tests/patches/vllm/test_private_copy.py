@@ -10,8 +10,9 @@ import subprocess
 
 from scripts.support.vllm_private import release_files_back
 from tests.harness.fixtures import ensure_source_tree
-from toolkit import engine, patch_registry
-from toolkit.sources import load_source
+from toolkit import patch_registry
+from toolkit.engine import patching as engine
+from toolkit.engine.sources import load_source
 
 
 def test_a_copy_of_a_patched_venv_holds_the_release_files(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from toolkit.patches.sglang.superlinear_backend.patch import PATCH
 from tests.harness.fixtures import ensure_source_tree
 from toolkit.errors import AnchorError
-from toolkit.transform import transform_or_raise
+from toolkit.engine.transform import transform_or_raise
 
 REGISTRY, SERVER_ARGS, COMMON = PATCH.files
 MARK = "# toolkit:superlinear-backend"

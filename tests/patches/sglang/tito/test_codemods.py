@@ -15,10 +15,10 @@ import pytest
 from toolkit.patches.sglang.tito.patch import PATCH
 from toolkit.patches.sglang.token_ids.patch import PATCH as TOKEN_IDS
 from tests.harness.fixtures import ensure_source_tree
-from toolkit import engine
+from toolkit.engine import patching as engine
 from toolkit.errors import AnchorError
-from toolkit.sources import load_source
-from toolkit.transform import transform_or_raise
+from toolkit.engine.sources import load_source
+from toolkit.engine.transform import transform_or_raise
 
 PROTOCOL, SERVING_CHAT, HTTP_SERVER = PATCH.files
 VERSIONS = ("0.5.9", "0.5.23")

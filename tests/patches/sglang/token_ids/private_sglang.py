@@ -3,7 +3,7 @@
 The engine venvs are shared: other tests apply and revert patches on them while these run. So the
 token-ids tests patch a hard-linked copy of the venv's ``sglang`` package (and its dist-info), put in
 front of the venv's site-packages by a wrapper interpreter. The toolkit finds that copy as the
-installed engine (``toolkit.discovery``) and, like Python rewriting ``.pyc``, replaces files by
+installed engine (``toolkit.engine.discovery``) and, like Python rewriting ``.pyc``, replaces files by
 rename, so a hard link is never written through and the venv's own files stay as they are.
 """
 
@@ -63,7 +63,7 @@ def private_sglang(python: str, root: Path) -> PrivateSglang:
 
 def sha256s(python: str, patch=PATCH) -> dict[str, str]:
     """sha256 of every file ``patch`` (token-ids by default) edits, in the sglang that ``python`` imports."""
-    from toolkit.discovery import find_engines
+    from toolkit.engine.discovery import find_engines
 
     (engine,) = [e for e in find_engines(python) if e.engine == "sglang"]
     return {edit.relpath: hashlib.sha256((Path(engine.package_dir) / edit.relpath).read_bytes()).hexdigest()

@@ -10,7 +10,7 @@ import pytest
 from toolkit.patches.sglang.token_ids.patch import PATCH
 from tests.harness.fixtures import ensure_source_tree
 from toolkit.errors import AnchorError
-from toolkit.transform import transform_or_raise
+from toolkit.engine.transform import transform_or_raise
 
 PROTOCOL, SERVING_CHAT = PATCH.files
 VERSIONS = ("0.5.9", "0.5.23")

@@ -42,7 +42,7 @@ def test_plot_writes_a_labelled_png_and_the_terminal_rendering_names_tokens(tmp_
 def test_plot_without_matplotlib_is_one_sentence_naming_the_extra(tmp_path, monkeypatch):
     import sys
 
-    from toolkit.extras import MissingExtra
+    from toolkit.base.extras import MissingExtra
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what an environment without it looks like to imports
     with pytest.raises(MissingExtra, match=r"plot\(\) needs the 'plot' extra \(matplotlib not installed\): "
@@ -115,7 +115,7 @@ def test_server_errors_surface_as_patch_study_errors(sweep_server):
 # the client is imported by its public name and (when a server URL is given) drives a real study.
 CLIENT_ONLY = r'''
 import sys
-REFUSED = ("libcst", "toolkit.engine", "toolkit.transform", "toolkit.codemod", "toolkit.api", "toolkit.state")
+REFUSED = ("libcst", "toolkit.engine.patching", "toolkit.engine.transform", "toolkit.codemod", "toolkit.api", "toolkit.engine.state")
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):

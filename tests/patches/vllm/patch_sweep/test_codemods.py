@@ -17,9 +17,9 @@ from toolkit.patches.vllm.patch_sweep import runtime
 from toolkit.patches.vllm.patch_sweep.codemods import InlineRoutersAppTransformer
 from toolkit.patches.vllm.patch_sweep.patch import PATCH
 from toolkit.errors import AnchorError
-from toolkit.sources import load_source
+from toolkit.engine.sources import load_source
 from toolkit.testing import assert_codemod
-from toolkit.transform import run_transformers, transform_or_raise
+from toolkit.engine.transform import run_transformers, transform_or_raise
 
 from tests.harness.fixtures import ensure_source_tree
 
@@ -292,7 +292,7 @@ def test_anchor_found_twice_is_an_error():
 
 def test_runtime_imports_no_patch_engine_libcst_or_torch():
     code = ("import sys; import toolkit.patches.vllm.patch_sweep.runtime; "
-            "bad = [m for m in ('libcst', 'toolkit.engine', 'toolkit.codemod', 'torch', 'fastapi') if m in sys.modules]; "
+            "bad = [m for m in ('libcst', 'toolkit.engine.patching', 'toolkit.codemod', 'torch', 'fastapi') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 

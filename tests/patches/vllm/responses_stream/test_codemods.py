@@ -10,8 +10,8 @@ import pytest
 
 from toolkit.patches.vllm.responses_stream.patch import PATCH
 from toolkit.errors import AnchorError
-from toolkit.sources import load_source
-from toolkit.transform import run_transformers, transform_or_raise
+from toolkit.engine.sources import load_source
+from toolkit.engine.transform import run_transformers, transform_or_raise
 from tests.harness.fixtures import ensure_source_tree
 
 RELPATH = "entrypoints/openai/responses/serving.py"

@@ -19,8 +19,8 @@ import pytest
 from toolkit import patch_registry, releases
 from toolkit.patches.vllm.tito.patch import PATCH
 from toolkit.errors import AnchorError
-from toolkit.sources import SourceTree, load_source
-from toolkit.transform import run_transformers, transform_or_raise
+from toolkit.engine.sources import SourceTree, load_source
+from toolkit.engine.transform import run_transformers, transform_or_raise
 
 REPO = Path(__file__).resolve().parents[4]
 CACHE = Path(os.environ.get("TOOLKIT_CACHE_DIR", Path.home() / ".cache" / "toolkit"))

@@ -85,7 +85,7 @@ def _toolkit_version_here() -> str:
         return ""
 
 
-# Where toolkit.state keeps an engine's manifest, beside the package (this file cannot import it in
+# Where toolkit.engine.state keeps an engine's manifest, beside the package (this file cannot import it in
 # another interpreter; tests/toolkit/test_two_distributions.py checks the two agree).
 STATE_DIRNAME = ".toolkit-state"
 # When two distributions claim one package, each one's RECORD rows are checked against the disk:

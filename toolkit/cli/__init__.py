@@ -1,5 +1,5 @@
 """``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify, matrix, new-patch. ``--json``,
-``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli_output`. apply-patch, revert and
+``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli.output`. apply-patch, revert and
 status take ``--ray [ADDRESS]``: the same on every node of a Ray cluster (:mod:`toolkit.ray`).
 
 Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe).
@@ -19,17 +19,18 @@ from typing import Any, NoReturn, Sequence
 from rich.console import Console
 
 from toolkit import api
-from toolkit import cli_output as out
-from toolkit import engine as _engine
-from toolkit import patch_registry, scaffold
+from toolkit.cli import output as out
+from toolkit.engine import patching as _engine
+from toolkit import patch_registry
+from toolkit.kit import scaffold
 from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
-from toolkit.cli_ray import add_ray_options, cmd_on_cluster
-from toolkit.discovery import InstalledEngine, interpreter
+from toolkit.cli.ray import add_ray_options, cmd_on_cluster
+from toolkit.engine.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
 from toolkit.patch_registry import did_you_mean
 from toolkit.patches import RegistryError
-from toolkit.sources import load_source
-from toolkit.version import __version__
+from toolkit.engine.sources import load_source
+from toolkit.base.version import __version__
 
 # `verify --checks` names, listed here so that building the parser imports no check (httpx and the
 # patches' check modules); tests/toolkit/test_cli_words.py keeps it equal to all_checks().

@@ -36,7 +36,7 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from toolkit.version import __version__
+from toolkit.base.version import __version__
 
 HELPER = "_toolkit_release"
 

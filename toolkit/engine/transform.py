@@ -13,7 +13,7 @@ from typing import Callable, Hashable
 import libcst as cst
 from packaging.version import InvalidVersion
 
-from toolkit import transform_cache
+from toolkit.engine import transform_cache
 from toolkit.codemod import AnchorResult
 from toolkit.declare import FileEdit, Patch, PatchContext
 from toolkit.errors import AnchorError, PatchError
@@ -120,7 +120,7 @@ def run_transformers(patch: Patch, edit: FileEdit, source: str, engine_version: 
 
 
 def _kept_path(key: Hashable, edit: FileEdit):
-    """Where ``key``'s result is kept between processes (toolkit/transform_cache.py), or None."""
+    """Where ``key``'s result is kept between processes (toolkit/engine/transform_cache.py), or None."""
     if key is None:
         return None
     return transform_cache.entry_path(key, edit.load_transformers())

@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from toolkit import fs
+from toolkit.engine import fs
 from toolkit.declare import FileEdit, Patch, not_a_release
-from toolkit.discovery import EDITABLE, InstalledEngine
+from toolkit.engine.discovery import EDITABLE, InstalledEngine
 from toolkit.errors import DriftError, PatchError
-from toolkit.overlap import refuse_unordered
-from toolkit.state import FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
-from toolkit.version import __version__
-from toolkit.journal import FileChange, read_or_none
+from toolkit.engine.overlap import refuse_unordered
+from toolkit.engine.state import FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.base.version import __version__
+from toolkit.engine.journal import FileChange, read_or_none
 from toolkit.patch_registry import Catalog, markers_in
 
 
@@ -186,8 +186,8 @@ def _wanted_contents(
             if not ids:
                 text = _decode(patch, relpath, original, engine)
             # libcst: only when a file is rewritten
-            from toolkit.guard import backup_relative_to, guard_module
-            from toolkit.transform import transform_or_raise
+            from toolkit.engine.guard import backup_relative_to, guard_module
+            from toolkit.engine.transform import transform_or_raise
 
             finish = None
             if index == len(edits) - 1:  # last: guard the runtime imports (a patched engine without us starts)

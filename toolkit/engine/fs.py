@@ -1,6 +1,6 @@
 """Every file-system call the patch engine makes, in one place.
 
-``toolkit.engine``, ``toolkit.state`` and ``toolkit.repair`` touch the disk only through these
+``toolkit.engine.patching``, ``toolkit.engine.state`` and ``toolkit.engine.repair`` touch the disk only through these
 functions (always as ``fs.name(...)``, never imported by name), so the fault tests can replace any
 one of them and fail, or SIGKILL the process at, the k-th call. Each is a thin wrapper: an ``OSError``
 raised here carries the path in ``filename``.

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from toolkit import fs
+from toolkit.engine import fs
 from toolkit.declare import Patch
-from toolkit.discovery import InstalledEngine
+from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import CorruptManifest, PatchError
-from toolkit.state import RECOVER, Manifest, StateDir, sha256_bytes, sha256_file
-from toolkit.version import __version__
+from toolkit.engine.state import RECOVER, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.base.version import __version__
 from toolkit.patch_registry import Catalog, markers_in
-from toolkit.plan import engine_file, file_state, stale_manifest
+from toolkit.engine.plan import engine_file, file_state, stale_manifest
 
 
 class PatchStateName(str, Enum):
@@ -66,7 +66,7 @@ class PatchState:
     supported: bool
     files: dict[str, str]  # relpath -> "patched" / "original" / "drifted" / "missing"
     detail: str = ""
-    install_kind: str = "index"  # how the engine was installed (toolkit.discovery.install_kind)
+    install_kind: str = "index"  # how the engine was installed (toolkit.engine.discovery.install_kind)
 
 
 def status(engine: InstalledEngine, catalog: Catalog) -> list[PatchState]:
@@ -153,7 +153,7 @@ def _runtime_gone(engine: InstalledEngine, patch: Patch) -> str:
                 f"wrote them (the patches are off, with a warning at start-up); {fix}")
     theirs = sorted({m.partition(".")[0] for m in patch.runtime_modules if not m.startswith("toolkit.")})
     if theirs:
-        from toolkit.discovery import missing_packages
+        from toolkit.engine.discovery import missing_packages
 
         missing = missing_packages(engine.python, theirs)
         if missing:

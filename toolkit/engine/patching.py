@@ -13,21 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from toolkit import fs, patch_registry
+from toolkit import patch_registry
+from toolkit.engine import fs
 # the engine's verbs and lookups in one place for its callers (cli, api, repair, verify):
-from toolkit.check import AnchorCheck, SourceCheck, check_source  # noqa: F401
+from toolkit.engine.check import AnchorCheck, SourceCheck, check_source  # noqa: F401
 from toolkit.declare import Patch, not_a_release
-from toolkit.discovery import InstalledEngine
+from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
-from toolkit.journal import FileChange, clear_orphans, write_all_or_nothing
+from toolkit.engine.journal import FileChange, clear_orphans, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in  # noqa: F401
-from toolkit.plan import (Plan, check_install, check_versions, edited_files, engine_file, make_plan, refuse_links,
+from toolkit.engine.plan import (Plan, check_install, check_versions, edited_files, engine_file, make_plan, refuse_links,
                           stale_manifest)
-from toolkit.state import Manifest, StateDir
-from toolkit.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
+from toolkit.engine.state import Manifest, StateDir
+from toolkit.engine.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
                             RUNTIME_MISSING, PatchState, PatchStateName)
-from toolkit.status import status as _status
-from toolkit.version import __version__
+from toolkit.engine.status import status as _status
+from toolkit.base.version import __version__
 
 DEFAULT_LOCK_TIMEOUT = 60.0
 
@@ -201,7 +202,7 @@ def _require_runtime(engine: InstalledEngine, patches: Sequence[Patch]) -> None:
             f"(`{engine.python} -m pip install 'serving-toolkit=={__version__}'`); nothing was written")
     theirs = {m.partition(".")[0]: p.id for p in patches for m in p.runtime_modules if not m.startswith("toolkit.")}
     if theirs:
-        from toolkit.discovery import missing_packages
+        from toolkit.engine.discovery import missing_packages
 
         missing = missing_packages(engine.python, sorted(theirs))
         if missing:
@@ -220,5 +221,5 @@ def revert(engine: InstalledEngine, patches: Sequence[Patch | str] | None = None
 
 
 def status(engine: InstalledEngine, *, catalog: Catalog | None = None) -> list[PatchState]:
-    """Hash-only state of every patch of ``engine`` (see :mod:`toolkit.status`)."""
+    """Hash-only state of every patch of ``engine`` (see :mod:`toolkit.engine.status`)."""
     return _status(engine, catalog or patch_registry.catalog(engine.engine))

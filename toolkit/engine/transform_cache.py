@@ -1,7 +1,7 @@
 """Codemod results kept on disk between processes, when ``TOOLKIT_CODEMOD_CACHE`` names a directory.
 
 A codemod's result is a function of its inputs: the transformers' code, the source text, the engine
-version, the finishing step and libcst. One process remembers its own results (toolkit/transform.py);
+version, the finishing step and libcst. One process remembers its own results (toolkit/engine/transform.py);
 this lets the next process that rewrites the same file the same way (the next ``toolkit apply-patch``,
 another node of a cluster reading a shared directory, the test suite's many processes) read the text
 instead of running libcst again: seconds per large file.
@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Hashable, Sequence
 
-from toolkit import fs
+from toolkit.engine import fs
 
 CACHE_ENV = "TOOLKIT_CODEMOD_CACHE"
 _FORMAT = 1
@@ -71,7 +71,7 @@ def _ours(transformers: Sequence[Any]) -> bool:
 
 
 def entry_path(key: Hashable, transformers: Sequence[Any]) -> Path | None:
-    """Where the result of ``key`` (toolkit.transform's memo key) is kept, or None: no cache, or a
+    """Where the result of ``key`` (toolkit.engine.transform's memo key) is kept, or None: no cache, or a
     transformer this cache does not know the code of."""
     directory = os.environ.get(CACHE_ENV)
     if not directory or not _ours(transformers):

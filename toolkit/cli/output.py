@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from toolkit.discovery import InstalledEngine
+from toolkit.engine.discovery import InstalledEngine
 
 JSON_SCHEMA = 1
 STATE_STYLE = {"applied": "green", "not applied": "dim", "not needed": "dim", "partial": "yellow",

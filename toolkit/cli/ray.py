@@ -9,7 +9,7 @@ from typing import Callable
 
 from rich.console import Console
 
-from toolkit import cli_output as out
+from toolkit.cli import output as out
 from toolkit.errors import UsageError
 
 

@@ -22,11 +22,11 @@ from string import Template
 
 from rich.console import Console
 
-from toolkit import cli_output as out
-from toolkit import interrupts
+from toolkit.cli import output as out
+from toolkit.engine import interrupts
 from toolkit.errors import UsageError
 from toolkit.patch_registry import did_you_mean
-from toolkit.version import __version__
+from toolkit.base.version import __version__
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 MAX_NAME = 48
@@ -357,7 +357,7 @@ def written_files(folder: Path) -> list[str]:
     return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
 
 
-# ---- the command (wired into toolkit/cli.py's parser and COMMANDS)
+# ---- the command (wired into toolkit/cli/__init__.py's parser and COMMANDS)
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("new-patch", help="write a patch package of your own that passes its own tests")

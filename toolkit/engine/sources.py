@@ -8,7 +8,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize, owning_distribution
+from toolkit.engine.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize, owning_distribution
 from toolkit.errors import PatchError, UsageError
 
 
@@ -57,7 +57,7 @@ def _metadata(raw: bytes, where: str) -> tuple[str, str]:
 
 def _owner_first(origin: Path, claims: list[tuple[str, str, Path]]) -> list[tuple[str, str]]:
     """(name, version) of the dist-infos in ``origin`` that name an engine, the one that owns the
-    package's files first (the rule of ``toolkit.discovery.owning_distribution``, as for an install)."""
+    package's files first (the rule of ``toolkit.engine.discovery.owning_distribution``, as for an install)."""
     import importlib.metadata
 
     if len(claims) > 1:

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from toolkit.declare import FileEdit, Patch
 from toolkit.errors import PatchError
-from toolkit.sources import SourceTree
+from toolkit.engine.sources import SourceTree
 from toolkit import patch_registry
 
 if TYPE_CHECKING:
-    from toolkit.transform import FileTransform  # libcst: only when a file is transformed
+    from toolkit.engine.transform import FileTransform  # libcst: only when a file is transformed
 
 
 @dataclass
@@ -43,7 +43,7 @@ def file_outcomes(source: SourceTree, patch: Patch) -> Iterator[tuple[FileEdit, 
     """For each file ``patch`` edits on ``source``'s release (:meth:`Patch.files_for`): (the edit, its
     transformers' outcome on ``source``'s copy, "") or (the edit, None, why it could not run: missing
     file, not UTF-8, a refusal of the codemod)."""
-    from toolkit.transform import run_transformers  # libcst
+    from toolkit.engine.transform import run_transformers  # libcst
 
     for edit in patch.files_for(source.version):
         data = source.read(edit.relpath)

@@ -22,16 +22,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from toolkit import engine as _engine
-from toolkit import fs, patch_registry, releases
-from toolkit.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
+from toolkit.engine import patching as _engine
+from toolkit import patch_registry, releases
+from toolkit.engine import fs
+from toolkit.engine.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
 from toolkit.errors import CorruptManifest, PatchError, io_error
-from toolkit.journal import FileChange, read_or_none, write_all_or_nothing
+from toolkit.engine.journal import FileChange, read_or_none, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in
-from toolkit.plan import engine_file, refuse_links
-from toolkit.sources import SourceTree, load_source
-from toolkit.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
-from toolkit.version import __version__
+from toolkit.engine.plan import engine_file, refuse_links
+from toolkit.engine.sources import SourceTree, load_source
+from toolkit.engine.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.base.version import __version__
 
 # (distribution, version) -> a wheel file or an unpacked tree of that release; tests pass their own.
 FetchRelease = Callable[[str, str], Path]

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from toolkit import fs, interrupts
+from toolkit.engine import fs, interrupts
 from toolkit.errors import PatchError, io_error
-from toolkit.state import FILE_MODE, Manifest, StateDir, remove_stale_bytecode
+from toolkit.engine.state import FILE_MODE, Manifest, StateDir, remove_stale_bytecode
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Standard-library helpers that runtime code (patches, verify) imports: nothing heavy loads here."""

@@ -1,0 +1,1 @@
+"""Patching every node of a Ray cluster, and the engine-start check of a patched cluster."""
