@@ -38,6 +38,11 @@ class UsageError(PatchError):
     """A user mistake (unknown engine or patch id, nothing installed): exit code 2 on the CLI."""
 
 
+class RegistryError(PatchError):
+    """Two entry points declare the same patch, one does not load, or patches order each other in a
+    circle; the message names them (``toolkit.patch_registry``)."""
+
+
 class CorruptManifest(PatchError):
     """The manifest cannot be parsed or has the wrong shape; ``toolkit repair`` recovers."""
 

@@ -1,6 +1,10 @@
-"""The patches this toolkit knows (the ``toolkit.patches`` entry points) and the marker each leaves.
+"""The registry, in one module: the patches this toolkit knows (the ``toolkit.patches`` entry points, this
+project's and other installed packages'), the order they apply in, a command's selection of them, the
+engine plugins this package ships, the ``verify --checks`` names, and the marker each patch leaves.
 
-``registry()`` is the one place the patch list is read; tests replace it here
+A patch is declared by a ``PATCH`` object in its ``patch.py`` and registered in the entry-point group
+``toolkit.patches`` (this project's own in pyproject.toml); another installed package can ship a patch
+the same way. ``registry()`` is the one place the patch list is read; tests replace it here
 (``monkeypatch.setattr("toolkit.patch_registry.registry", ...)``), so every caller asks through this
 module, never through a name imported from it. A command reads it once, at its edge: :func:`select`
 turns the engine and patch ids a user wrote into a :class:`Selection` of ``Patch`` objects, and the
@@ -15,15 +19,52 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from toolkit.declare import Patch
-from toolkit.errors import UsageError
+from toolkit.errors import RegistryError, UsageError
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+ENTRY_POINT_GROUP = "toolkit.patches"
+OWN_DISTRIBUTION = "serving-toolkit"
+# `verify --checks` names, listed here so that building the command line's parser imports no check (httpx
+# and the patches' check modules); tests/toolkit/test_cli_words.py keeps it equal to verify's all_checks().
+CHECK_NAMES = ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "input-ids",
+               "concurrency", "multi-turn", "patch-sweep", "responses-stream")
 
 
 def registry() -> list[Patch]:
-    from toolkit.patches import all_patches
-
+    """Every registered patch, read afresh from the entry points (~13 ms): a command asks once, at its
+    edge (:func:`select`)."""
     return all_patches()
+
+
+def all_patches() -> list[Patch]:
+    """Every registered patch: this project's in the order pyproject.toml lists them, then other
+    packages' patches by engine and id (never by the order the environment lists distributions in,
+    which differs between machines). The order patches apply in is that one, except where a patch
+    declares ``after=`` (:func:`ordered`)."""
+    from importlib.metadata import entry_points
+
+    found: dict[tuple[str, str], tuple[str, Patch]] = {}
+    foreign: set[tuple[str, str]] = set()
+    for entry in sorted(entry_points(group=ENTRY_POINT_GROUP), key=_own_first):  # stable: keeps our file order
+        try:
+            patch = entry.load()
+        except Exception as exc:  # a broken third-party patch must say which one it is
+            raise RegistryError(f"patch entry point {entry.name} = {entry.value} does not load: {exc}") from exc
+        key = (patch.engine, patch.id)
+        if key in found and found[key][0] != entry.value:
+            raise RegistryError(f"two entry points declare {patch.engine} patch {patch.id}: "
+                                f"{found[key][0]} and {entry.value}")
+        found[key] = (entry.value, patch)
+        if _own_first(entry):
+            foreign.add(key)
+    own = [patch for key, (_, patch) in found.items() if key not in foreign]
+    return own + [found[key][1] for key in sorted(foreign)]
+
+
+def _own_first(entry: object) -> int:
+    dist = getattr(entry, "dist", None)
+    name = (getattr(dist, "name", "") or "").lower().replace("_", "-")
+    return 0 if name == OWN_DISTRIBUTION else 1
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
@@ -95,8 +136,6 @@ def ordered(patches: Sequence[Patch]) -> tuple[Patch, ...]:
     """``patches`` (one engine's) in the order they apply in: each after every patch among them that
     its ``after=`` names, otherwise in registry order. A circle of ``after=`` has no order: the
     registry is refused in one sentence naming the patches in it."""
-    from toolkit.patches import RegistryError
-
     present = {p.id for p in patches}
     left, placed, done = list(patches), set(), []
     while left:
@@ -173,3 +212,35 @@ MARKER = re.compile(rb"# toolkit:([A-Za-z0-9_.-]+)")
 def markers_in(data: bytes) -> set[str]:
     """The patch ids whose marker comment (``# toolkit:<id>``) a file carries."""
     return {match.decode() for match in MARKER.findall(data)}
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """An engine plugin this package ships: what the engine loads through its own entry point, no patch."""
+
+    id: str
+    engine: str
+    versions: str  # the releases it is proved on (PEP 440 range)
+    entry_point: str  # the engine's entry-point group
+    switch: str  # how a user turns it on
+    summary: str
+    notes: str = ""  # where it is not proved, and why
+
+
+def plugins() -> list[Plugin]:
+    """The engine plugins `toolkit list` shows beside the patches, each with the releases it is proved on,
+    read from the plugin's own module (the module refuses, or names as not needed, what lies outside)."""
+    from toolkit.patches.sglang.superlinear import plugin as sglang_plugin
+    from toolkit.patches.vllm.superlinear import plugin as vllm_plugin
+
+    return [
+        Plugin("superlinear-plugin", "sglang", f"{sglang_plugin.SGLANG_RELEASES},<=0.5.23", "sglang.srt.plugins",
+               "TOOLKIT_ATTENTION_BACKEND=superlinear, then --attention-backend superlinear",
+               "superlinear attention as an SGLang attention backend (CPU included)",
+               "SGLang 0.5.9 and 0.5.10 have no plugin loader: the superlinear-backend patch serves there"),
+        Plugin("superlinear-plugin", "vllm", vllm_plugin.VLLM_RELEASES, "vllm.general_plugins",
+               "TOOLKIT_ATTENTION_BACKEND=superlinear (on GPU, then --attention-backend CUSTOM)",
+               "superlinear attention as vLLM's CPU attention backend, and as AttentionBackendEnum.CUSTOM on GPU",
+               f"GPU (CUDA) only {vllm_plugin.CUDA_VLLM_RELEASES}: vLLM's Triton attention backend, which the CUDA "
+               "backend builds on, is another module before 0.32 and was never tried there"),
+    ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
 
-from toolkit.patches import all_patches
+from toolkit.patch_registry import all_patches
 
 if sys.version_info >= (3, 11):
     import tomllib

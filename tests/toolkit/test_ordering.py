@@ -23,7 +23,7 @@ from toolkit.engine import patching as engine
 from toolkit.codemod import AnchoredTransformer, FileEdit, Patch
 from toolkit.errors import PatchError
 from toolkit.engine.overlap import edited_functions
-from toolkit.patches import RegistryError
+from toolkit.errors import RegistryError
 from toolkit.engine.sources import load_source
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.patches import all_patches
+from toolkit.patch_registry import all_patches
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME_MODULES = sorted({m for p in all_patches() for m in p.runtime_modules})
@@ -114,7 +114,7 @@ def test_the_registry_reads_what_is_installed_on_every_call(monkeypatch):
 
 
 def test_two_packages_declaring_one_patch_id_is_an_error(tmp_path, monkeypatch):
-    from toolkit.patches import RegistryError
+    from toolkit.errors import RegistryError
 
     _fake_distribution(tmp_path, "one-patch", "[toolkit.patches]\ndemo = tests.toolkit.demo_patches:DEMO\n")
     (tmp_path / "other_demo.py").write_text(
@@ -126,7 +126,7 @@ def test_two_packages_declaring_one_patch_id_is_an_error(tmp_path, monkeypatch):
 
 
 def test_a_patch_that_does_not_load_is_named(tmp_path, monkeypatch):
-    from toolkit.patches import RegistryError
+    from toolkit.errors import RegistryError
 
     _fake_distribution(tmp_path, "broken-patch", "[toolkit.patches]\nbroken = no_such_module_here:PATCH\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -27,15 +27,11 @@ from toolkit.api import apply_each, installed_engines, revert_each, select, stat
 from toolkit.cli.ray import add_ray_options, cmd_on_cluster
 from toolkit.engine.discovery import InstalledEngine, interpreter
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
+from toolkit.patch_registry import CHECK_NAMES as VERIFY_CHECKS
 from toolkit.patch_registry import did_you_mean
-from toolkit.patches import RegistryError
 from toolkit.engine.sources import load_source
 from toolkit.base.version import __version__
 
-# `verify --checks` names, listed here so that building the parser imports no check (httpx and the
-# patches' check modules); tests/toolkit/test_cli_words.py keeps it equal to all_checks().
-VERIFY_CHECKS = ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "input-ids",
-                 "concurrency", "multi-turn", "patch-sweep", "responses-stream")
 PYTHON_OPTION = "--python PATH"
 DEBUG_ON = ("1", "true", "yes", "on")
 
@@ -205,10 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
-    from toolkit import plugins as engine_plugins
-
     patches = [p for p in patch_registry.registry() if args.engine in (None, p.engine)]
-    plugins = [p for p in engine_plugins.shipped() if args.engine in (None, p.engine)]
+    plugins = [p for p in patch_registry.plugins() if args.engine in (None, p.engine)]
     if args.json:
         out.emit_json(True, patches=[{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
                                       "files": list(p.relpaths),  # on any release; file_edits: on which
@@ -416,11 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         out.report_error(args.json, errors, exc, "usage")
         return 2
-    except PatchError as exc:
+    except PatchError as exc:  # a RegistryError too: another package's patch entry point, theirs to fix
         out.report_error(args.json, errors, exc, "drift" if isinstance(exc, DriftError) else "error")
-        return 1
-    except RegistryError as exc:  # another installed package's patch entry point: not our bug, theirs to fix
-        out.report_error(args.json, errors, exc, "error")
         return 1
     except KeyboardInterrupt:
         if out.INTERRUPTED is None:
