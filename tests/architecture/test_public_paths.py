@@ -77,7 +77,8 @@ def test_the_docs_are_read():
 @pytest.mark.parametrize("module, name", sorted(documented_imports()))
 def test_each_documented_import_works(module, name):
     imported = importlib.import_module(module)
-    assert name == "" or hasattr(imported, name), f"`from {module} import {name}` is documented and fails"
+    if name and not hasattr(imported, name):
+        importlib.import_module(f"{module}.{name}")  # `from toolkit import releases`: a module of the package
 
 
 @pytest.mark.parametrize("dotted", sorted(documented_dotted()))
