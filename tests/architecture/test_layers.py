@@ -168,11 +168,14 @@ def test_reading_the_patch_declarations_loads_no_codemod():
     assert int(count) >= 6 and libcst_loaded == "False", out.stdout
 
 
-MAX_MODULE_LINES = 450
+MAX_MODULE_LINES = 400
+# Over the cap while issue 52's patches/ part is under way: the PatchStudy client leaves patches/ there
+# (and is split). Listed by name so that it cannot grow, and so that this list must shrink once it is done.
+OVER_THE_CAP = {"patches/vllm/patch_sweep/client.py": 432}
 
 
-def test_no_product_module_is_over_450_lines():
-    """A module does one job: past 450 lines it holds several, and is split where they part
+def test_no_product_module_is_over_400_lines():
+    """A module does one job: past 400 lines it holds several, and is split where they part
     (docs/architecture.md, "Modules along their seams")."""
     from pathlib import Path
 
@@ -180,4 +183,5 @@ def test_no_product_module_is_over_450_lines():
     long = {str(path.relative_to(root)): n for folder in ("toolkit", "patches", "verify", "kernels")
             for path in sorted((root / folder).rglob("*.py"))
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
-    assert long == {}
+    assert {path: n for path, n in long.items() if n > OVER_THE_CAP.get(path, 0)} == {}
+    assert set(OVER_THE_CAP) <= set(long), "a module listed in OVER_THE_CAP is under the cap now: drop it there"
