@@ -417,7 +417,7 @@ def run(args) -> dict:
                           + (f" below {', '.join(args.under)}" if args.under else ""))
         work = Path(tempfile.mkdtemp(prefix=f"own-tests-{dist}-{version}-", dir=str(scratch)))  # the logs, kept
         copies.append(work / "hf-home")  # the run's copy of the offline hub (36 MiB) is not kept with them
-        patched_root = private_copy(site, entries, scratch, engine, [p.id for p in patches], catalog)
+        patched_root = private_copy(site, entries, scratch, engine, list(patches), catalog)
         copies.append(patched_root)
         runner = runner_site(python)
         files = list(selection.files)

@@ -148,7 +148,7 @@ def golden_problems(tree: SourceTree, patch: Patch, root: Path, *, allow_unknown
     problems: list[str] = []
     options: dict[str, Any] = {"catalog": catalog}
     try:
-        result = engine.apply(installed, [patch.id], allow_unknown_version=allow_unknown_version, **options)
+        result = engine.apply(installed, [patch], allow_unknown_version=allow_unknown_version, **options)
     except PatchError as exc:
         return [f"apply refused: {exc}"]
     if sorted(result.changed_files) != sorted(relpaths):
@@ -164,9 +164,9 @@ def golden_problems(tree: SourceTree, patch: Patch, root: Path, *, allow_unknown
     states = [s.state for s in engine.status(installed, **options) if s.patch_id == patch.id]
     if states != [engine.APPLIED]:
         problems.append(f"status after apply is {states}, not applied")
-    if engine.apply(installed, [patch.id], allow_unknown_version=allow_unknown_version, **options).changed_files:
+    if engine.apply(installed, [patch], allow_unknown_version=allow_unknown_version, **options).changed_files:
         problems.append("a second apply changed files (must have nothing to do)")
-    engine.revert(installed, [patch.id], **options)
+    engine.revert(installed, [patch], **options)
     changed = sorted(r for r, digest in digests(installed, relpaths).items() if digest != before[r])
     if changed:
         problems.append(f"revert is not byte-identical: {changed}")
@@ -199,28 +199,28 @@ def composition_problems(tree: SourceTree, patch: Patch, other: Patch, root: Pat
 
     try:
         pristine = state()
-        engine.apply(installed, [a], allow_unknown_version=True, **opts)
+        engine.apply(installed, [patch], allow_unknown_version=True, **opts)
         alone_a = state()
         engine.revert(installed, **opts)
-        engine.apply(installed, [b], allow_unknown_version=True, **opts)
+        engine.apply(installed, [other], allow_unknown_version=True, **opts)
         alone_b = state()
         engine.revert(installed, **opts)
-        engine.apply(installed, [a], allow_unknown_version=True, **opts)
-        engine.apply(installed, [b], allow_unknown_version=True, **opts)
+        engine.apply(installed, [patch], allow_unknown_version=True, **opts)
+        engine.apply(installed, [other], allow_unknown_version=True, **opts)
         a_then_b = state()
         for relpath in relpaths:
             try:
                 compile((Path(installed.package_dir) / relpath).read_text(), relpath, "exec")
             except SyntaxError as exc:
                 problems.append(f"with {b}: {relpath} does not compile with both applied: {exc}")
-        engine.revert(installed, [a], **opts)
+        engine.revert(installed, [patch], **opts)
         expect(f"reverting {a} did not leave {b} as if applied alone", alone_b)
         engine.revert(installed, **opts)
         expect("reverting both is not byte-identical", pristine)
-        engine.apply(installed, [b], allow_unknown_version=True, **opts)
-        engine.apply(installed, [a], allow_unknown_version=True, **opts)
+        engine.apply(installed, [other], allow_unknown_version=True, **opts)
+        engine.apply(installed, [patch], allow_unknown_version=True, **opts)
         expect(f"applying {b} then {a} gave other bytes than {a} then {b}", a_then_b)
-        engine.revert(installed, [b], **opts)
+        engine.revert(installed, [other], **opts)
         expect(f"reverting {b} did not leave {a} as if applied alone", alone_a)
         engine.revert(installed, **opts)
         expect("reverting both is not byte-identical", pristine)

@@ -62,6 +62,7 @@ def private_vllm(patches: Sequence[str] = (), venv: Path = VLLM_VENV, version: s
     """A PYTHONPATH directory holding a hard-linked copy of vLLM ``version``'s package (+ its dist-info
     and, for the 0.33.0 overlay, the few dependencies it adds), with ``patches`` applied through the
     patch engine; removed afterwards."""
+    from toolkit import patch_registry
     from toolkit.engine import patching as patch_engine
     from toolkit.engine.sources import load_source
 
@@ -77,7 +78,8 @@ def private_vllm(patches: Sequence[str] = (), venv: Path = VLLM_VENV, version: s
             subprocess.run(["cp", "-al", str(entry), str(root / entry.name)], check=True)
         release_files_back(site, root)
         if patches:
-            patch_engine.apply(load_source(root).as_installed(), list(patches))
+            installed = load_source(root).as_installed()
+            patch_engine.apply(installed, patch_registry.catalog(installed.engine).select(list(patches)))
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)

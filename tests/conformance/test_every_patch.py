@@ -27,6 +27,7 @@ from toolkit.releases import DEFAULT_SOURCES
 from toolkit.engine.sources import load_source
 from toolkit.testing import copy_files, digests, golden_problems
 from toolkit.engine.transform import run_transformers
+from tests.harness import by_id
 
 # The trees scripts/fetch_sources.py fetches by default, as (distribution, version).
 SOURCES = [tuple(source.split("==")) for source in DEFAULT_SOURCES]
@@ -85,7 +86,7 @@ def test_all_patches_of_a_tree_compose_and_revert_one_by_one(dist, version, tmp_
 
     # one at a time in reverse registry order, then checked against applying all at once
     for patch in reversed(patches):
-        engine.apply(installed, [patch.id])
+        by_id.apply(installed, [patch.id])
     one_by_one = digests(installed, relpaths)
     engine.revert(installed)
     assert digests(installed, relpaths) == before
@@ -98,10 +99,10 @@ def test_all_patches_of_a_tree_compose_and_revert_one_by_one(dist, version, tmp_
     for patch in patches if len(patches) > 1 else ():
         others = [p.id for p in patches if p.id != patch.id]
         engine.revert(installed)
-        engine.apply(installed, others)
+        by_id.apply(installed, others)
         without = digests(installed, relpaths)
-        engine.apply(installed, [patch.id])
-        engine.revert(installed, [patch.id])
+        by_id.apply(installed, [patch.id])
+        by_id.revert(installed, [patch.id])
         assert digests(installed, relpaths) == without, f"reverting {patch.id} disturbed {others}"
         assert {s.patch_id: s.state for s in engine.status(installed)}[patch.id] == engine.NOT_APPLIED
     engine.revert(installed)

@@ -38,7 +38,7 @@ def problems_on(patch_id: str, dist: str, version: str) -> tuple[list[str], list
         pristine = digests(installed, relpaths)
         ids = [p.id for p in together]
         try:
-            engine.apply(installed, ids, allow_unknown_version=True, catalog=catalog)
+            engine.apply(installed, together, allow_unknown_version=True, catalog=catalog)
         except PatchError as exc:
             return ids, [f"apply of {', '.join(ids)} refused: {exc}"]
         problems = []

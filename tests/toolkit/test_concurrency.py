@@ -16,6 +16,7 @@ from toolkit.engine import patching as engine
 from toolkit.errors import LockTimeout
 from toolkit.engine.sources import load_source
 from toolkit.engine.state import StateDir
+from tests.harness import by_id
 
 
 
@@ -46,7 +47,7 @@ def lock_held_by_child(site):
 
 def test_nothing_to_do_is_decided_from_hashes_with_the_lock_held_briefly(site, monkeypatch):
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["demo", "second"])
+    by_id.apply(installed, ["demo", "second"])
     held: list[float] = []
     real_lock = StateDir.lock
 

@@ -18,6 +18,7 @@ from toolkit.engine.sources import load_source
 from toolkit.engine.state import StateDir
 
 from tests.toolkit import demo_patches
+from tests.harness import by_id
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,7 @@ def states(installed) -> dict[str, str]:
 
 
 def test_apply_edits_files_records_manifest_and_is_idempotent(installed, tree):
-    result = engine.apply(installed, ["demo"])
+    result = by_id.apply(installed, ["demo"])
     assert result.changed_files == ["srt/protocol.py", "srt/serving.py"]
     protocol = (tree / "sglang/srt/protocol.py").read_text()
     assert "token_ids: list | None = None  # toolkit:demo" in protocol
@@ -64,7 +65,7 @@ def test_apply_edits_files_records_manifest_and_is_idempotent(installed, tree):
 
     before = digests(tree)
     mtime = (tree / "sglang/srt/serving.py").stat().st_mtime_ns
-    again = engine.apply(installed, ["demo"])
+    again = by_id.apply(installed, ["demo"])
     assert again.changed == [] and again.patches == ["demo"]
     assert digests(tree) == before
     assert (tree / "sglang/srt/serving.py").stat().st_mtime_ns == mtime
@@ -72,7 +73,7 @@ def test_apply_edits_files_records_manifest_and_is_idempotent(installed, tree):
 
 def test_revert_restores_every_file_byte_for_byte_and_clears_state(installed, tree):
     original = digests(tree)
-    engine.apply(installed, ["demo", "second"])
+    by_id.apply(installed, ["demo", "second"])
     assert digests(tree) != original
     result = engine.revert(installed)
     assert set(result.changed_files) == {"srt/protocol.py", "srt/serving.py"}
@@ -86,7 +87,7 @@ def test_revert_restores_every_file_byte_for_byte_and_clears_state(installed, tr
 def test_missing_anchor_aborts_whole_apply_naming_patch_file_anchor_and_version(installed, tree):
     original = digests(tree)
     with pytest.raises(AnchorError) as info:
-        engine.apply(installed, ["broken"])
+        by_id.apply(installed, ["broken"])
     message = str(info.value)
     assert "broken" in message and "srt/serving.py" in message
     assert "Serving.nonexistent" in message and "sglang 0.5.9" in message and "not found" in message
@@ -99,7 +100,7 @@ def test_missing_anchor_aborts_whole_apply_naming_patch_file_anchor_and_version(
 def test_result_that_does_not_compile_aborts(installed, tree):
     original = digests(tree)
     with pytest.raises(PatchError, match="does not compile"):
-        engine.apply(installed, ["uncompilable"])
+        by_id.apply(installed, ["uncompilable"])
     assert digests(tree) == original
 
 
@@ -108,19 +109,19 @@ def test_unsupported_version_fails_closed_unless_allowed(tmp_path):
     installed = load_source(site).as_installed()
     original = digests(site)
     with pytest.raises(PatchError, match=r"supports sglang >=0.5.9,<=0.5.23.*0.6.0.*--allow-unknown-version"):
-        engine.apply(installed, ["demo"])
+        by_id.apply(installed, ["demo"])
     assert digests(site) == original
-    assert engine.apply(installed, ["demo"], allow_unknown_version=True).changed
+    assert by_id.apply(installed, ["demo"], allow_unknown_version=True).changed
     # still fails closed on a missing anchor
     engine.revert(installed)
     with pytest.raises(AnchorError):
-        engine.apply(installed, ["broken"], allow_unknown_version=True)
+        by_id.apply(installed, ["broken"], allow_unknown_version=True)
     assert digests(site) == original
 
 
 def test_dry_run_returns_diffs_and_writes_nothing(installed, tree):
     original = digests(tree)
-    result = engine.apply(installed, ["demo"], dry_run=True)
+    result = by_id.apply(installed, ["demo"], dry_run=True)
     diff = result.diff()
     assert "--- a/srt/protocol.py" in diff and "+++ b/srt/protocol.py" in diff
     assert "+    token_ids: list | None = None  # toolkit:demo" in diff
@@ -130,7 +131,7 @@ def test_dry_run_returns_diffs_and_writes_nothing(installed, tree):
 
 def test_drift_is_named_and_left_alone_unless_forced(installed, tree):
     original = digests(tree)
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     serving = tree / "sglang/srt/serving.py"
     serving.write_text(serving.read_text() + "# edited by hand\n")
     rows = {row.patch_id: row for row in engine.status(installed)}
@@ -145,19 +146,19 @@ def test_drift_is_named_and_left_alone_unless_forced(installed, tree):
 
 
 def test_two_patches_on_one_file_revert_one_keeps_the_other(installed, tree):
-    engine.apply(installed, ["demo"])
-    engine.apply(installed, ["second"])
+    by_id.apply(installed, ["demo"])
+    by_id.apply(installed, ["second"])
     serving = (tree / "sglang/srt/serving.py").read_text()
     assert "# toolkit:demo" in serving and "# toolkit:second" in serving
     assert states(installed)["demo"] == states(installed)["second"] == "applied"
-    engine.revert(installed, ["demo"])
+    by_id.revert(installed, ["demo"])
     serving = (tree / "sglang/srt/serving.py").read_text()
     assert "# toolkit:demo" not in serving and "# toolkit:second" in serving
     assert "token_ids" not in (tree / "sglang/srt/protocol.py").read_text()
     assert states(installed)["demo"] == "not applied" and states(installed)["second"] == "applied"
     # the same bytes as applying `second` alone on a fresh tree
     fresh = demo_patches.make_engine_tree(tree.parent / "fresh")
-    engine.apply(load_source(fresh).as_installed(), ["second"])
+    by_id.apply(load_source(fresh).as_installed(), ["second"])
     assert (fresh / "sglang/srt/serving.py").read_bytes() == (tree / "sglang/srt/serving.py").read_bytes()
 
 
@@ -165,10 +166,10 @@ def test_patch_unknown_to_this_toolkit_is_never_dropped_silently(installed, tree
     """A patch applied by another toolkit release (absent from this registry) blocks apply and a
     partial revert with a message naming it; a whole revert still restores every original."""
     original = digests(tree)
-    engine.apply(installed, ["demo", "second"])
+    by_id.apply(installed, ["demo", "second"])
     patched = digests(tree)
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [p for p in demo_patches.ALL if p.id != "demo"])
-    for attempt in (lambda: engine.apply(installed, ["second"]), lambda: engine.revert(installed, ["second"])):
+    for attempt in (lambda: by_id.apply(installed, ["second"]), lambda: by_id.revert(installed, ["second"])):
         with pytest.raises(PatchError, match="does not know: demo"):
             attempt()
         assert digests(tree) == patched
@@ -185,7 +186,7 @@ def test_file_mode_kept_and_stale_bytecode_removed(installed, tree):
     stale.write_bytes(b"old")
     keep = cache / "other.cpython-311.pyc"
     keep.write_bytes(b"old")
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     assert serving.stat().st_mode & 0o777 == 0o444
     assert "# toolkit:demo" in serving.read_text()
     assert not stale.exists() and keep.exists()
@@ -196,7 +197,7 @@ def test_file_mode_kept_and_stale_bytecode_removed(installed, tree):
 
 def test_unknown_patch_id_is_a_usage_error(installed):
     with pytest.raises(UsageError, match="unknown patch for sglang: nope"):
-        engine.apply(installed, ["nope"])
+        by_id.apply(installed, ["nope"])
 
 
 def test_concurrent_run_waits_then_fails_cleanly(installed, tree):
@@ -217,12 +218,12 @@ def test_concurrent_run_waits_then_fails_cleanly(installed, tree):
         assert holder.stdout.readline().strip() == "locked"
         original = digests(tree)
         with pytest.raises(LockTimeout, match=f"pid {holder.pid}"):
-            engine.apply(installed, ["demo"], lock_timeout=0.5)
+            by_id.apply(installed, ["demo"], lock_timeout=0.5)
         assert digests(tree) == original
     finally:
         holder.kill()
         holder.wait()
-    assert engine.apply(installed, ["demo"], lock_timeout=5).changed  # the lock died with its holder
+    assert by_id.apply(installed, ["demo"], lock_timeout=5).changed  # the lock died with its holder
     assert state.lock_path.exists()
 
 
@@ -236,12 +237,12 @@ def test_failure_between_file_writes_puts_every_file_back_and_raises_patch_error
 
     monkeypatch.setattr("toolkit.engine.journal._after_file_write", fail_after_first)
     with pytest.raises(PatchError, match=r"srt/protocol.py: No space left.*ENOSPC.*put back"):
-        engine.apply(installed, ["demo"])
+        by_id.apply(installed, ["demo"])
     monkeypatch.setattr("toolkit.engine.journal._after_file_write", None)
     assert digests(tree) == original
     assert states(installed)["demo"] == "not applied"
     assert not (tree / ".toolkit-state/sglang/manifest.json").exists()
-    assert engine.apply(installed, ["demo"]).changed_files == ["srt/protocol.py", "srt/serving.py"]
+    assert by_id.apply(installed, ["demo"]).changed_files == ["srt/protocol.py", "srt/serving.py"]
     assert states(installed)["demo"] == "applied"
     engine.revert(installed)
     assert digests(tree) == original
@@ -265,13 +266,13 @@ def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_fini
             raise OSError(28, "No space left on device (injected)", str(path))
         return real_stage(path, data, mode)
 
-    for finish in (lambda: engine.apply(installed, ["demo"]), lambda: engine.revert(installed)):
+    for finish in (lambda: by_id.apply(installed, ["demo"]), lambda: engine.revert(installed)):
         engine.revert(installed)  # start from the originals each time
         full["on"] = False
         monkeypatch.setattr("toolkit.engine.journal._after_file_write", fail_after_first)
         monkeypatch.setattr(fs, "stage", stage)
         with pytest.raises(PatchError, match="putting the files back failed too"):
-            engine.apply(installed, ["demo"])
+            by_id.apply(installed, ["demo"])
         monkeypatch.setattr("toolkit.engine.journal._after_file_write", None)
         monkeypatch.setattr(fs, "stage", real_stage)
         assert states(installed)["demo"] == "partial"
@@ -285,7 +286,7 @@ def test_failure_while_putting_back_leaves_a_true_journal_that_the_next_run_fini
 
 
 def test_failure_during_revert_puts_the_patched_files_back(installed, tree, monkeypatch):
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     patched = digests(tree)
     monkeypatch.setattr("toolkit.engine.journal._after_file_write", lambda relpath: (_ for _ in ()).throw(OSError("injected")))
     with pytest.raises(PatchError, match="injected"):
@@ -298,7 +299,7 @@ def test_failure_during_revert_puts_the_patched_files_back(installed, tree, monk
 
 
 def test_engine_reinstalled_since_patching_is_reported_and_forgotten_with_force(installed, tree):
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     # simulate `pip install --force-reinstall` of another version: new files, new metadata
     (tree / "sglang-0.5.9.dist-info").rename(tree / "sglang-0.5.23.dist-info")
     (tree / "sglang-0.5.23.dist-info/METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
@@ -307,11 +308,11 @@ def test_engine_reinstalled_since_patching_is_reported_and_forgotten_with_force(
     reinstalled = load_source(tree).as_installed()
     assert states(reinstalled)["demo"] == "drifted"
     with pytest.raises(DriftError, match="reinstalled"):
-        engine.apply(reinstalled, ["demo"])
+        by_id.apply(reinstalled, ["demo"])
     engine.revert(reinstalled, force=True)
     assert (tree / "sglang/srt/serving.py").read_text().endswith("# new release\n")  # old backup not restored
     assert states(reinstalled)["demo"] == "not applied"
-    assert engine.apply(reinstalled, ["demo"]).changed
+    assert by_id.apply(reinstalled, ["demo"]).changed
 
 
 def test_sigkill_in_the_middle_of_an_apply(installed, tree):
@@ -330,7 +331,7 @@ def test_sigkill_in_the_middle_of_an_apply(installed, tree):
             Path({str(marker)!r}).write_text(relpath)
             time.sleep(60)
         journal._after_file_write = pause
-        engine.apply(load_source(Path({str(tree)!r})).as_installed(), ["demo"])
+        engine.apply(load_source(Path({str(tree)!r})).as_installed(), [demo_patches.DEMO])
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
     try:
@@ -349,7 +350,7 @@ def test_sigkill_in_the_middle_of_an_apply(installed, tree):
         current = (tree / "sglang" / relpath).read_text()
         assert current == text or "# toolkit:demo" in current  # whole, either way
     assert states(installed)["demo"] == "partial"
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     assert states(installed)["demo"] == "applied"
     # every new file was staged before the first rename; the next run deletes what the killed one staged
     assert not list((tree / "sglang/srt").glob(".*toolkit-tmp"))

@@ -32,6 +32,7 @@ from toolkit.engine.sources import load_source
 from toolkit.engine.state import StateDir
 
 from tests.toolkit import demo_patches
+from tests.harness import by_id
 
 QUICK = os.environ.get("TOOLKIT_QUICK") == "1"  # scripts/test.sh --quick (tests/conftest.py): fewer faulted calls
 
@@ -322,7 +323,7 @@ def _second_distribution(installed) -> None:
     match the files. The harness reads each copy with load_source, which must still name the owner."""
     site = installed.site_dir
     demo_patches.write_record(site)
-    engine.apply(installed, ["demo", "second"])
+    by_id.apply(installed, ["demo", "second"])
     stale = site / "sglang-0.5.8.dist-info"  # sorts before the owner's: first met by a name-order reader
     stale.mkdir()
     (stale / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.8\n")
@@ -331,11 +332,11 @@ def _second_distribution(installed) -> None:
 
 
 DEMO_SCENARIOS = [
-    Scenario("apply demo", lambda e: None, lambda e: engine.apply(e, ["demo"])),
-    Scenario("apply second over demo", lambda e: engine.apply(e, ["demo"]), lambda e: engine.apply(e, ["second"])),
-    Scenario("revert demo, keep second", lambda e: engine.apply(e, ["demo", "second"]),
-             lambda e: engine.revert(e, ["demo"])),
-    Scenario("revert all", lambda e: engine.apply(e, ["demo", "second"]), lambda e: engine.revert(e)),
+    Scenario("apply demo", lambda e: None, lambda e: by_id.apply(e, ["demo"])),
+    Scenario("apply second over demo", lambda e: by_id.apply(e, ["demo"]), lambda e: by_id.apply(e, ["second"])),
+    Scenario("revert demo, keep second", lambda e: by_id.apply(e, ["demo", "second"]),
+             lambda e: by_id.revert(e, ["demo"])),
+    Scenario("revert all", lambda e: by_id.apply(e, ["demo", "second"]), lambda e: engine.revert(e)),
     # the command that once dropped the backups of patched files when a second distribution was there
     Scenario("second distribution, revert --force", _second_distribution, lambda e: engine.revert(e, force=True)),
 ]
@@ -368,7 +369,7 @@ def _no_download(distribution, version):
 def test_every_failing_call_and_sigkill_during_repair(demo_registry, fault_dir, capsys):
     from toolkit.engine.repair import repair
 
-    scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
+    scenario = Scenario("repair", lambda e: by_id.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
     harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
     harness.fail_every_call(Injector(), ERRNOS, step=QUICK_STEP)
     harness.kill_at_every_call(Injector(), step=QUICK_STEP)
@@ -393,14 +394,14 @@ def test_sigint_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_di
 def test_sigint_at_every_call_during_repair(demo_registry, fault_dir, capsys):
     from toolkit.engine.repair import repair
 
-    scenario = Scenario("repair", lambda e: engine.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
+    scenario = Scenario("repair", lambda e: by_id.apply(e, ["demo", "second"]), lambda e: repair(e, _no_download))
     harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
     harness.interrupt_at_every_call(Injector(), step=QUICK_STEP)
     _report(capsys, "demo tree, SIGINT, repair", harness.count)
 
 
 def _lose_manifest(installed) -> None:
-    engine.apply(installed, ["demo", "second"])
+    by_id.apply(installed, ["demo", "second"])
     StateDir(installed.site_dir, installed.engine).manifest_path.unlink()
 
 
@@ -411,7 +412,7 @@ def test_a_lost_manifest_stops_every_command_and_keeps_the_backups(command, demo
     from toolkit.engine.repair import repair
 
     verb, _, patch_id = command.partition(" ")
-    call = engine.revert if verb == "revert" else engine.apply
+    call = by_id.revert if verb == "revert" else by_id.apply
     op = lambda e: call(e, [patch_id] if patch_id else None)  # noqa: E731
     site = _site_with_record(fault_dir / "pristine")
     release = {r: (site / "sglang" / r).read_bytes() for r in ("srt/serving.py", "srt/protocol.py")}
@@ -471,11 +472,11 @@ def _repair(installed) -> None:
 
 
 LINKED = {  # the link, what is applied before it is made, the command
-    "file, apply": ("srt/protocol.py", [], lambda e: engine.apply(e, ["demo"])),
+    "file, apply": ("srt/protocol.py", [], lambda e: by_id.apply(e, ["demo"])),
     "file, revert": ("srt/protocol.py", ["demo", "second"], lambda e: engine.revert(e)),
     "file, repair": ("srt/protocol.py", ["demo", "second"], _repair),
     "package dir, apply": ("", [], lambda e: engine.apply(e)),
-    "package dir, revert": ("", ["demo"], lambda e: engine.revert(e, ["demo"])),
+    "package dir, revert": ("", ["demo"], lambda e: by_id.revert(e, ["demo"])),
 }
 
 
@@ -488,7 +489,7 @@ def test_a_symlinked_file_or_package_dir_is_refused_under_every_fault(name, demo
     site = _site_with_record(fault_dir / "site")
     installed = load_source(site).as_installed()
     if applied:
-        engine.apply(installed, applied)
+        by_id.apply(installed, applied)
     _link_out(site, relpath)
     before, states = _tree(fault_dir), _states(installed)
     refused = "is a symbolic link"

@@ -17,6 +17,7 @@ from toolkit.engine import patching as engine
 from toolkit.errors import PatchError
 from toolkit.engine.sources import load_source
 from toolkit.base.version import __version__
+from tests.harness import by_id
 
 FOREIGN = dataclasses.replace(demo_patches.SECOND, id="their-fix", runtime_modules=("their_fix_pkg.runtime",))
 
@@ -36,7 +37,7 @@ def test_their_runtime_missing_there_is_refused_before_writing(tmp_path, monkeyp
     installed = _probed(tmp_path, __version__)
     before = _digest(installed)
     with pytest.raises(PatchError) as refused:
-        engine.apply(installed, ["their-fix"])
+        by_id.apply(installed, ["their-fix"])
     assert str(refused.value) == (
         f"{sys.executable} cannot import the runtime of patch their-fix (their_fix_pkg), which the patched sglang "
         "would import at start-up; install the package that ships it there first; nothing was written")
@@ -47,7 +48,7 @@ def test_their_runtime_present_needs_no_serving_toolkit_there(tmp_path, monkeypa
     present = dataclasses.replace(FOREIGN, runtime_modules=("json.decoder",))  # importable everywhere
     monkeypatch.setattr(patch_registry, "registry", lambda: [present])
     installed = _probed(tmp_path, "")  # that interpreter has no serving-toolkit
-    assert engine.apply(installed, ["their-fix"]).changed_files == ["srt/serving.py"]
+    assert by_id.apply(installed, ["their-fix"]).changed_files == ["srt/serving.py"]
     engine.revert(installed)
 
 
@@ -67,7 +68,7 @@ def test_a_patch_whose_package_is_gone_stays_in_status_and_revert_restores_the_r
     assert (gone.state, gone.supported, gone.files) == (engine.DRIFTED, False, {"srt/serving.py": "patched"})
     assert "no installed package registers their-fix now" in gone.detail and "toolkit revert sglang" in gone.detail
     with pytest.raises(PatchError, match="does not know: their-fix .*a patch package since uninstalled"):
-        engine.apply(installed, ["demo"])
+        by_id.apply(installed, ["demo"])
     engine.revert(installed)
     assert _digest(installed) == before
     assert [row.state for row in engine.status(installed)] == [engine.NOT_APPLIED]
@@ -79,7 +80,7 @@ def test_status_judges_their_runtime_by_their_package_not_by_serving_toolkit(tmp
     present = dataclasses.replace(FOREIGN, runtime_modules=("json.decoder",))
     monkeypatch.setattr(patch_registry, "registry", lambda: [present])
     installed = _probed(tmp_path, "")  # that interpreter has no serving-toolkit
-    engine.apply(installed, ["their-fix"])
+    by_id.apply(installed, ["their-fix"])
     assert [row.state for row in engine.status(installed)] == [engine.APPLIED]
     monkeypatch.setattr(patch_registry, "registry", lambda: [FOREIGN])  # its package is their_fix_pkg
     (row,) = engine.status(installed)

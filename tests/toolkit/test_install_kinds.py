@@ -26,6 +26,7 @@ from toolkit.engine.discovery import install_kind
 from toolkit.errors import PatchError
 from toolkit.releases import release_tree
 from toolkit.engine.sources import load_source
+from tests.harness import by_id
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,7 +68,7 @@ def test_a_local_tag_or_post_release_of_a_proved_release_is_patched(tmp_path, di
     installed = load_source(site).as_installed()
     assert installed.version == as_version and patch.supports(as_version)
     before = digests(site)
-    result = engine.apply(installed, [patch_id])
+    result = by_id.apply(installed, [patch_id])
     assert sorted(result.changed_files) == sorted(f.relpath for f in patch.files_for(as_version))
     assert [row.state for row in engine.status(installed) if row.patch_id == patch_id] == ["applied"]
     engine.revert(installed)
@@ -81,7 +82,7 @@ def test_a_development_build_is_refused_in_one_sentence_and_the_flag_lets_the_an
     installed = load_source(site).as_installed()
     before = digests(site)
     with pytest.raises(PatchError) as refused:
-        engine.apply(installed, ["token-ids"])
+        by_id.apply(installed, ["token-ids"])
     message = str(refused.value)
     assert f"sglang {as_version} (a development build or release candidate, not a release)" in message
     assert "--allow-unknown-version" in message and "\n" not in message
@@ -91,7 +92,7 @@ def test_a_development_build_is_refused_in_one_sentence_and_the_flag_lets_the_an
         engine.apply(installed)
     assert digests(site) == before
     # with the flag: the anchors decide (0.5.23's files: every one found)
-    assert engine.apply(installed, ["token-ids"], allow_unknown_version=True).changed
+    assert by_id.apply(installed, ["token-ids"], allow_unknown_version=True).changed
     engine.revert(installed)
     assert digests(site) == before
 
@@ -104,7 +105,7 @@ def test_a_dev_builds_anchors_still_decide_with_the_flag(tmp_path):
     first.write_text("# this build rewrote the module\n")
     before = digests(site)
     with pytest.raises(PatchError, match=r"0\.6\.0\.dev0\+gdeadbee"):
-        engine.apply(load_source(site).as_installed(), ["token-ids"], allow_unknown_version=True)
+        by_id.apply(load_source(site).as_installed(), ["token-ids"], allow_unknown_version=True)
     assert digests(site) == before
 
 

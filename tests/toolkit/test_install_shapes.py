@@ -32,6 +32,7 @@ from toolkit.errors import PatchError
 from toolkit.engine.repair import repair
 from toolkit.engine.sources import load_source
 from toolkit.engine.state import StateDir
+from tests.harness import by_id
 
 pytestmark = pytest.mark.usefixtures("demo_registry")  # the demo patches (tests/toolkit/conftest.py)
 
@@ -87,7 +88,7 @@ def test_a_symlinked_engine_file_is_refused_before_anything_is_written(linked_fi
     site, elsewhere = linked_file
     installed = load_source(site).as_installed()
     before = snapshot(site, elsewhere)
-    for call in (lambda: engine.apply(installed, ["demo"]), lambda: engine.apply(installed, ["demo"], dry_run=True),
+    for call in (lambda: by_id.apply(installed, ["demo"]), lambda: by_id.apply(installed, ["demo"], dry_run=True),
                  lambda: engine.apply(installed), lambda: engine.revert(installed)):
         assert_refused(call, site / PROTOCOL)
         assert snapshot(site, elsewhere) == before  # the link is a link, no lock, no .toolkit-state
@@ -112,7 +113,7 @@ def test_a_file_made_a_link_after_patching_is_not_reverted_through_it(tmp_path):
     site = demo_patches.make_engine_tree(tmp_path / "site")
     demo_patches.write_record(site)
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     patched = (site / PROTOCOL).read_bytes()
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -142,7 +143,7 @@ def test_a_symlinked_folder_inside_the_package_is_refused(tmp_path):
     (site / "sglang/srt").symlink_to(elsewhere / "srt", target_is_directory=True)
     installed = load_source(site).as_installed()
     before = snapshot(site, elsewhere)
-    assert_refused(lambda: engine.apply(installed, ["demo"]), site / "sglang/srt")
+    assert_refused(lambda: by_id.apply(installed, ["demo"]), site / "sglang/srt")
     assert snapshot(site, elsewhere) == before
 
 
@@ -175,7 +176,7 @@ def test_a_symlinked_package_dir_is_found_where_it_is_installed(linked_package):
 def test_a_symlinked_package_dir_is_refused_and_repair_still_works(linked_package, capsys, monkeypatch):
     site, elsewhere, installed = linked_package
     before = snapshot(site, elsewhere)
-    for call in (lambda: engine.apply(installed, ["demo"]), lambda: engine.revert(installed)):
+    for call in (lambda: by_id.apply(installed, ["demo"]), lambda: engine.revert(installed)):
         assert_refused(call, site / "sglang")
         assert snapshot(site, elsewhere) == before
     monkeypatch.setattr("toolkit.api.find_engines", lambda python=None: [installed])
@@ -214,7 +215,7 @@ def test_nothing_written_is_group_or_world_writable_unless_the_release_was(tmp_p
     old_umask = os.umask(0)
     try:
         fs.replace = replace
-        engine.apply(installed, ["demo", "second"])
+        by_id.apply(installed, ["demo", "second"])
         state = site / ".toolkit-state"
         written = [p for p in [state, *state.rglob("*")]]
         for path in written:
@@ -264,7 +265,7 @@ def test_apply_removes_stale_optimised_bytecode(tmp_path):
     source = site / PROTOCOL
     stale = _cache_unchecked(source, 1)
     assert stale.name.endswith(".opt-1.pyc") and not _run_optimised(site)  # the release's code, from cache
-    engine.apply(load_source(site).as_installed(), ["demo"])
+    by_id.apply(load_source(site).as_installed(), ["demo"])
     assert _run_optimised(site)  # the patched code runs under -O
     assert not stale.exists()
 
@@ -272,7 +273,7 @@ def test_apply_removes_stale_optimised_bytecode(tmp_path):
 def test_revert_removes_stale_optimised_bytecode(tmp_path):
     site = demo_patches.make_engine_tree(tmp_path / "site")
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     stale = _cache_unchecked(site / PROTOCOL, 1)
     assert _run_optimised(site)
     engine.revert(installed)
@@ -295,7 +296,7 @@ def test_every_cached_bytecode_of_a_replaced_file_goes_and_no_other(tmp_path):
     for path in stale + kept:
         path.write_bytes(b"old")
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     assert [p for p in stale if p.exists()] == [] and all(p.exists() for p in kept)
     for path in stale:
         path.write_bytes(b"patched")

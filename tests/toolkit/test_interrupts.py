@@ -21,6 +21,7 @@ from toolkit.engine.sources import load_source
 from toolkit.engine.state import StateDir
 
 from tests.toolkit import demo_patches
+from tests.harness import by_id
 
 pytestmark = pytest.mark.usefixtures("demo_registry")
 
@@ -42,7 +43,7 @@ def test_a_signal_whose_handler_does_not_stop_still_rolls_back(site, monkeypatch
     monkeypatch.setattr("toolkit.engine.journal._after_file_write", lambda relpath: os.kill(os.getpid(), signal.SIGINT))
     try:
         with pytest.raises(PatchError, match="interrupted by SIGINT; every file was put back"):
-            engine.apply(load_source(site).as_installed(), ["demo"])
+            by_id.apply(load_source(site).as_installed(), ["demo"])
     finally:
         signal.signal(signal.SIGINT, previous)
     assert seen == [signal.SIGINT] and _files(site) == before and _temps(site) == []
@@ -57,7 +58,7 @@ def test_signals_are_left_alone_outside_the_main_thread(site):
 
     def apply() -> None:
         try:
-            engine.apply(load_source(site).as_installed(), ["demo"])
+            by_id.apply(load_source(site).as_installed(), ["demo"])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -87,7 +88,7 @@ def test_a_failed_rename_leaves_no_temp_file_and_names_the_engine_file(site, mon
 
     monkeypatch.setattr(fs, "replace", replace)
     with pytest.raises(PatchError) as raised:
-        engine.apply(load_source(site).as_installed(), ["demo"])
+        by_id.apply(load_source(site).as_installed(), ["demo"])
     message = str(raised.value)
     assert "cannot replace" in message and message.split(": ")[0].endswith("srt/serving.py")
     assert fs.TEMP_SUFFIX not in message
@@ -103,7 +104,7 @@ def test_repair_killed_at_its_last_step_leaves_status_true(tmp_path):
     demo_patches.write_record(site)
     release = _files(site)
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["demo", "second"])
+    by_id.apply(installed, ["demo", "second"])
     state = StateDir(site, "sglang")
     pid = os.fork()
     if pid == 0:  # repair, SIGKILLed at the unlink of the manifest
@@ -133,7 +134,7 @@ def test_repair_killed_at_its_last_step_leaves_status_true(tmp_path):
 def test_a_timestamp_no_float_holds_breaks_nothing(site, capsys, updated_at):
     """updated_at of 10**400 raised OverflowError in every command ("internal error")."""
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     manifest = StateDir(site, "sglang").manifest_path
     manifest.write_text(manifest.read_text().replace('"updated_at": ', f'"updated_at": {updated_at}, "was": '))
     assert {r.state for r in engine.status(installed)} == {"applied", "not applied"}
@@ -160,7 +161,7 @@ def test_a_patch_the_engine_does_not_need_is_never_written(site, monkeypatch, ca
     before = _files(site)
     installed = load_source(site).as_installed()
     with pytest.raises(PatchError) as raised:
-        engine.apply(installed, ["served"])
+        by_id.apply(installed, ["served"])
     assert "not needed on sglang 0.5.9: the plugin serves it" in str(raised.value)
     assert "allow" not in str(raised.value)
     assert _files(site) == before
@@ -168,9 +169,9 @@ def test_a_patch_the_engine_does_not_need_is_never_written(site, monkeypatch, ca
     assert engine.apply(installed, allow_unknown_version=True).patches == ["demo"]
     engine.revert(installed)
     # named and "try anyway": it is tried (the compatibility matrix checks its anchors on every release)
-    assert engine.apply(installed, ["served"], allow_unknown_version=True).patches == ["served"]
+    assert by_id.apply(installed, ["served"], allow_unknown_version=True).patches == ["served"]
     engine.revert(installed)
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     capsys.readouterr()
     assert cli.main(["status", "--json"]) == 0
     rows = {r["patch_id"]: r for r in json.loads(capsys.readouterr().out)["patches"]}

@@ -25,6 +25,7 @@ from toolkit.errors import PatchError
 from toolkit.engine.overlap import edited_functions
 from toolkit.errors import RegistryError
 from toolkit.engine.sources import load_source
+from tests.harness import by_id
 
 
 class LogHandle(AnchoredTransformer):
@@ -68,9 +69,9 @@ def test_two_patches_editing_one_function_without_after_are_refused_naming_both(
     assert _bytes(installed) == before
     assert not (installed.site_dir / ".toolkit-state" / "sglang" / "manifest.json").exists()
     # one of them alone is fine, and then adding the other is refused the same way
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     with pytest.raises(PatchError, match="both edit Serving.handle"):
-        engine.apply(installed, ["log-handle"])
+        by_id.apply(installed, ["log-handle"])
     engine.revert(installed)
     assert _bytes(installed) == before
 
@@ -87,7 +88,7 @@ def test_after_orders_them_whatever_the_registry_order(tmp_path, monkeypatch):
         # log-handle applies on demo's result: its line comes first in the function
         assert serving.index("print('handled', request)") < serving.index("request = request  # toolkit:demo")
         results.append(_bytes(installed))
-        engine.revert(installed, ["demo"])  # reverting the first keeps the second as if alone
+        by_id.revert(installed, ["demo"])  # reverting the first keeps the second as if alone
         assert "# toolkit:demo" not in (Path(installed.package_dir) / "srt" / "serving.py").read_text()
     assert results[0] == results[1]
 

@@ -25,6 +25,7 @@ from toolkit.declare import FileEdit, Patch
 from toolkit.errors import PatchError
 from toolkit.engine.sources import load_source
 from toolkit.testing import golden_problems
+from tests.harness import by_id
 
 OLD, NEW = "0.5.9", "0.5.12"
 PROTOCOL, SERVING, HANDLERS = "srt/protocol.py", "srt/serving.py", "srt/handlers.py"
@@ -132,7 +133,7 @@ def test_apply_status_check_revert_on_each_release(tmp_path, monkeypatch, versio
     assert checked.ok and checked.supported and checked.errors == []
     assert sorted({a.relpath for a in checked.anchors}) == sorted(edited)
 
-    result = engine.apply(installed, ["moved"], catalog=catalog(MOVED))
+    result = by_id.apply(installed, ["moved"], catalog=catalog(MOVED))
     assert result.changed_files == sorted(edited)
     after = read_all(site)
     for relpath in edited:
@@ -142,7 +143,7 @@ def test_apply_status_check_revert_on_each_release(tmp_path, monkeypatch, versio
 
     (row,) = engine.status(installed, catalog=catalog(MOVED))
     assert row.state == engine.APPLIED and row.files == {relpath: "patched" for relpath in edited}
-    assert not engine.apply(installed, ["moved"], catalog=catalog(MOVED)).changed_files  # nothing to do
+    assert not by_id.apply(installed, ["moved"], catalog=catalog(MOVED)).changed_files  # nothing to do
 
     engine.revert(installed, catalog=catalog(MOVED))
     assert read_all(site) == pristine
@@ -154,7 +155,7 @@ def test_apply_status_check_revert_on_each_release(tmp_path, monkeypatch, versio
 def test_status_without_a_manifest_reads_the_markers_of_the_releases_files(tmp_path):
     site = make_tree(tmp_path / "site", NEW)
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["moved"], catalog=catalog(MOVED))
+    by_id.apply(installed, ["moved"], catalog=catalog(MOVED))
     (site / ".toolkit-state" / "sglang" / "manifest.json").unlink()
     (row,) = engine.status(installed, catalog=catalog(MOVED))
     assert row.state == engine.NO_MANIFEST and row.files == {PROTOCOL: "patched", HANDLERS: "patched"}
@@ -164,9 +165,9 @@ def test_two_patches_on_one_function_are_refused_only_where_both_edit_its_file(t
     both = catalog(MOVED, SAME_FUNCTION)
     old = load_source(make_tree(tmp_path / "old", OLD)).as_installed()
     with pytest.raises(PatchError, match=r"patches moved and same-function both edit Serving.handle in srt/serving.py"):
-        engine.apply(old, ["moved", "same-function"], catalog=both)
+        by_id.apply(old, ["moved", "same-function"], catalog=both)
     new = load_source(make_tree(tmp_path / "new", NEW)).as_installed()
-    result = engine.apply(new, ["moved", "same-function"], catalog=both)  # moved edits srt/handlers.py there
+    result = by_id.apply(new, ["moved", "same-function"], catalog=both)  # moved edits srt/handlers.py there
     assert result.changed_files == [HANDLERS, PROTOCOL, SERVING]
 
 

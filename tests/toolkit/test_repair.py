@@ -18,6 +18,7 @@ from toolkit.engine.repair import repair
 from toolkit.engine.sources import load_source
 
 from tests.toolkit import demo_patches
+from tests.harness import by_id
 
 
 @pytest.fixture(autouse=True)
@@ -71,7 +72,7 @@ def states(site: Path) -> set[str]:
 @pytest.mark.parametrize("damage", ["manifest deleted", "manifest corrupt", "backups deleted", "backups altered",
                                     "manifest and backups deleted"])
 def test_repair_puts_the_release_back_whatever_is_damaged(damage, site, release):
-    engine.apply(installed(site), ["demo", "second"])
+    by_id.apply(installed(site), ["demo", "second"])
     state = site / ".toolkit-state/sglang"
     if "manifest" in damage:
         if "corrupt" in damage:
@@ -92,13 +93,13 @@ def test_repair_puts_the_release_back_whatever_is_damaged(damage, site, release)
     assert set(result.restored) == {"srt/serving.py", "srt/protocol.py"}
     assert set(result.restored.values()) == ({"backup"} if from_backups else
                                              {"release"} if "deleted" in damage else {"backup", "release"})
-    assert engine.apply(installed(site), ["demo"]).changed  # usable again
+    assert by_id.apply(installed(site), ["demo"]).changed  # usable again
 
 
 @pytest.mark.parametrize("damage", ["deleted", "altered"])
 def test_status_says_when_a_backup_cannot_restore_and_how_to_recover(damage, site, capsys):
     """Issue case 5: status no longer says `applied` over lost backups, and every refusal names `repair`."""
-    engine.apply(installed(site), ["demo"])
+    by_id.apply(installed(site), ["demo"])
     backup = site / ".toolkit-state/sglang/backups/srt/serving.py"
     if damage == "deleted":
         backup.unlink()
@@ -113,7 +114,7 @@ def test_status_says_when_a_backup_cannot_restore_and_how_to_recover(damage, sit
 
 
 def test_backups_that_do_not_verify_and_no_release_leave_everything_as_it_was(site, release):
-    engine.apply(installed(site), ["demo"])
+    by_id.apply(installed(site), ["demo"])
     shutil.rmtree(site / ".toolkit-state/sglang/backups")
     before = {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
     bad_release = release.parent / "bad-release"
@@ -126,7 +127,7 @@ def test_backups_that_do_not_verify_and_no_release_leave_everything_as_it_was(si
 
 
 def test_reinstall_of_the_same_release_shows_drifted_and_repair_clears_the_state(site, release, capsys):
-    engine.apply(installed(site), ["demo"])
+    by_id.apply(installed(site), ["demo"])
     shutil.copytree(release / "sglang", site / "sglang", dirs_exist_ok=True)  # pip install --force-reinstall
     assert states(site) == {"drifted", "not applied"}
     fetch = Fetch(release)
@@ -137,7 +138,7 @@ def test_reinstall_of_the_same_release_shows_drifted_and_repair_clears_the_state
 
 def test_cli_repair_and_orphan_state_after_uninstall(site, release, monkeypatch, capsys):
     monkeypatch.setattr("toolkit.engine.repair.pip_download", lambda python: Fetch(release))
-    engine.apply(installed(site), ["demo"])
+    by_id.apply(installed(site), ["demo"])
     (site / ".toolkit-state/sglang/manifest.json").write_text("[]")
     assert cli.main(["repair"]) == 0
     out = capsys.readouterr().out
@@ -146,7 +147,7 @@ def test_cli_repair_and_orphan_state_after_uninstall(site, release, monkeypatch,
     (entry,) = json.loads(capsys.readouterr().out)["engines"]
     assert entry["restored"] == {} and not entry["cleared_state"]
     # pip uninstall: the package and its dist-info go, the state dir stays behind
-    engine.apply(installed(site), ["demo"])
+    by_id.apply(installed(site), ["demo"])
     shutil.rmtree(site / "sglang")
     shutil.rmtree(site / "sglang-0.5.9.dist-info")
     assert cli.main(["repair", "--json"]) == 0
@@ -171,7 +172,7 @@ def test_repair_on_a_real_sglang_tree_with_its_real_record(tmp_path, monkeypatch
     for relpath in relpaths:
         (site / "sglang" / relpath).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source / "sglang" / relpath, site / "sglang" / relpath)
-    engine.apply(installed(site), ["token-ids"])
+    by_id.apply(installed(site), ["token-ids"])
     shutil.rmtree(site / ".toolkit-state")
     result = repair(installed(site), lambda dist, version: source)
     assert set(result.restored) == set(relpaths) and set(result.restored.values()) == {"release"}

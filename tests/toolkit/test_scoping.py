@@ -16,6 +16,7 @@ from toolkit.errors import DriftError, UsageError
 from toolkit.engine.sources import load_source
 
 from tests.toolkit import demo_patches
+from tests.harness import by_id
 
 VLLM_ONLY = Patch("vllm-only", "vllm", ">=0,<1", (FileEdit("srt/protocol.py", (demo_patches.AddFieldToResponse,)),),
                   "a patch of the other engine")
@@ -85,7 +86,7 @@ def test_drift_messages_name_flags_that_exist(site, capsys):
     installed = load_source(site).as_installed()
     (site / ".toolkit-state/sglang/manifest.json").read_text()
     with pytest.raises(DriftError, match=r"`toolkit apply-patch --force`, apply_patch\(force=True\) in Python"):
-        engine.apply(installed, ["demo", "second"])
+        by_id.apply(installed, ["demo", "second"])
     with pytest.raises(DriftError, match=r"`toolkit revert --force`, revert_patch\(force=True\) in Python"):
         engine.revert(installed)
     code, _, _ = run(capsys, "apply-patch", "--patch", "second", "--force")
@@ -133,7 +134,7 @@ def test_status_says_when_the_engine_cannot_import_our_runtime(tmp_path, monkeyp
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [with_runtime])
     site = demo_patches.make_engine_tree(tmp_path / "site")
     installed = load_source(site).as_installed()
-    engine.apply(installed, ["demo"])
+    by_id.apply(installed, ["demo"])
     states = {r.patch_id: r.state for r in engine.status(dataclasses.replace(installed, toolkit_version=__version__))}
     assert states == {"demo": "applied"}
     (row,) = engine.status(dataclasses.replace(installed, toolkit_version=""))

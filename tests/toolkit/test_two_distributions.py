@@ -28,6 +28,7 @@ from tests.harness.fixtures import ensure_source_tree
 from toolkit import cli, patch_registry
 from toolkit.engine import discovery, state
 from toolkit.engine.sources import load_source
+from tests.harness import by_id
 
 RELEASE = "0.32.0"
 REPO = Path(__file__).resolve().parents[2]
@@ -261,7 +262,7 @@ def test_two_records_that_both_match_give_the_same_owner_every_time(tmp_path, mo
         installed = load_source(site).as_installed()
         seen |= {tuple(probed[0]), (installed.distribution, installed.version)}
         before = _digests_of(site / "sglang")
-        engine.apply(installed, ["demo"])
+        by_id.apply(installed, ["demo"])
         assert {r.patch_id: r.state for r in engine.status(installed)}["demo"] == "applied"
         engine.revert(installed)
         assert _digests_of(site / "sglang") == before

@@ -33,7 +33,7 @@ DEBUG_ON = ("1", "true", "yes", "on")
 
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
-    patches = [p for p in patch_registry.registry() if args.engine in (None, p.engine)]
+    patches = [p for p in select(args.engine).known if args.engine in (None, p.engine)]
     plugins = [p for p in patch_registry.plugins() if args.engine in (None, p.engine)]
     if args.json:
         out.emit_json(True, patches=[{"id": p.id, "engine": p.engine, "versions": p.versions, "summary": p.summary,
@@ -142,7 +142,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from toolkit.releases import parse_release  # the DIST==VERSION of matrix --release, same words
 
     source = load_source(args.source, parse_release(args.release) if args.release else None)
-    checks = _engine.check_source(source, args.patches)
+    selection = select(source.engine, args.patches)  # the ids resolved once, against the tree's engine
+    checks = _engine.check_source(source, selection.named(source.engine), catalog=selection.catalog(source.engine))
     ok = all(c.ok for c in checks)
     if args.json:
         out.emit_json(ok, **out.check_json(source, checks))

@@ -9,6 +9,7 @@ from toolkit.declare import FileEdit, Patch
 from toolkit.errors import PatchError
 from toolkit.engine.sources import SourceTree
 from toolkit import patch_registry
+from toolkit.patch_registry import Catalog
 
 if TYPE_CHECKING:
     from toolkit.engine.transform import FileTransform  # libcst: only when a file is transformed
@@ -61,15 +62,17 @@ def file_outcomes(source: SourceTree, patch: Patch) -> Iterator[tuple[FileEdit, 
             yield edit, None, str(exc)
 
 
-def check_source(source: SourceTree, patch_ids: Sequence[str] | None = None) -> list[SourceCheck]:
+def check_source(source: SourceTree, patches: Sequence[Patch] | None = None, *,
+                 catalog: Catalog | None = None) -> list[SourceCheck]:
     """Per patch and per anchor: would it apply to this source tree?
 
     By default the patches that declare the tree's version (what ``apply-patch`` would apply); when
-    none does (porting to a new version), every patch for the engine. Named patches are always checked.
+    none does (porting to a new version), every patch of the engine's ``catalog`` (default: the registry,
+    read now, for a caller below a command's edge). Named ``patches`` are always checked.
     """
     results = []
-    candidates = patch_registry.catalog(source.engine).select(patch_ids)
-    if not patch_ids and any(p.supports(source.version) for p in candidates):
+    candidates = list(patches) if patches else list((catalog or patch_registry.catalog(source.engine)).patches)
+    if not patches and any(p.supports(source.version) for p in candidates):
         candidates = [p for p in candidates if p.supports(source.version)]
     for patch in candidates:
         anchors: list[AnchorCheck] = []

@@ -22,7 +22,8 @@ from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.engine.journal import FileChange, clear_orphans, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in  # noqa: F401
-from toolkit.engine.plan import (Plan, check_install, check_versions, edited_files, engine_file, make_plan, refuse_links,
+from toolkit.engine.versions import applicable
+from toolkit.engine.plan import (Plan, check_install, edited_files, engine_file, make_plan, refuse_links,
                           stale_manifest)
 from toolkit.engine.state import Manifest, StateDir
 from toolkit.engine.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
@@ -73,24 +74,21 @@ def reconcile(
     """Apply ``add`` and revert ``remove`` (None: every applied patch) on ``engine``, whose registered
     patches are ``catalog``; the applied set is read under the lock, so concurrent runs compose. Nothing
     is written unless every file transforms, and a failed write puts back every file it had replaced."""
-    check_versions(engine, add, allow_unknown_version)
     if add:  # a revert only ever puts the user's own bytes back
         check_install(engine, allow_editable)
-    add_ids = [p.id for p in add]
-    remove_ids = None if remove is None else [p.id for p in remove]
     state = StateDir(engine.site_dir, engine.engine)
     try:
         refuse_links(engine, edited_files(engine, catalog))  # before the lock: a refusal writes nothing at all
         if dry_run:  # a dry run writes nothing at all, not even the lock file
-            return _reconcile_locked(engine, catalog, state, add_ids, remove_ids, force, True)
+            return _reconcile_locked(engine, catalog, state, add, remove, force, True)
         with state.lock(lock_timeout):
-            return _reconcile_locked(engine, catalog, state, add_ids, remove_ids, force, False)
+            return _reconcile_locked(engine, catalog, state, add, remove, force, False)
     except OSError as exc:
         raise io_error(exc, "cannot read") from None
 
 
 def _reconcile_locked(
-    engine: InstalledEngine, catalog: Catalog, state: StateDir, add: Sequence[str], remove: Sequence[str] | None,
+    engine: InstalledEngine, catalog: Catalog, state: StateDir, add: Sequence[Patch], remove: Sequence[Patch] | None,
     force: bool, dry_run: bool,
 ) -> Result:
     old_raw = state.read_manifest_bytes()
@@ -135,22 +133,30 @@ def applied_ids(engine: InstalledEngine) -> list[str]:
     return list(manifest.patches)
 
 
-def _named(engine: InstalledEngine, catalog: Catalog | None, patches: Sequence[Patch | str] | None
+def _named(engine: InstalledEngine, catalog: Catalog | None, patches: Sequence[Patch] | None
            ) -> tuple[Catalog, list[Patch] | None]:
     """The engine's catalog (read here only for a caller below a command's edge) and the named patches
-    in registry order (None: every patch); an id, or a patch, the catalog does not hold is a usage error."""
+    in the order they apply in (None: every patch). The patches come resolved (``patch_registry.select``
+    at a command's edge, ``Catalog.select`` in a test or script): an id is never looked up here."""
     if catalog is None:
         catalog = patch_registry.catalog(engine.engine)
     if patches is None:
         return catalog, None
     if not patches:
         raise UsageError(f"no patch of {engine.engine} named")
-    return catalog, catalog.select([p if isinstance(p, str) else p.id for p in patches])
+    ids = [p for p in patches if isinstance(p, str)]
+    if ids:
+        raise TypeError(f"the patch engine takes Patch objects, not ids ({', '.join(map(repr, ids))}): "
+                        "resolve them at the edge (patch_registry.select, or Catalog.select)")
+    foreign = [p.id for p in patches if p not in catalog.patches]
+    if foreign:
+        raise UsageError(f"not a registered patch of {engine.engine}: {', '.join(foreign)}")
+    return catalog, [p for p in catalog.patches if p in patches]
 
 
 def apply(
     engine: InstalledEngine,
-    patches: Sequence[Patch | str] | None = None,
+    patches: Sequence[Patch] | None = None,
     *,
     catalog: Catalog | None = None,
     force: bool = False,
@@ -161,17 +167,7 @@ def apply(
 ) -> Result:
     """Apply ``patches`` (None: every patch for this engine version) on top of what is applied."""
     catalog, named = _named(engine, catalog, patches)
-    candidates, skipped = named or list(catalog.patches), []
-    if named is None:
-        kept = []
-        for patch in candidates:
-            why = patch.not_needed_on(engine.version)
-            if not why and (allow_unknown_version or patch.supports(engine.version)):
-                kept.append(patch)
-            elif not allow_unknown_version:
-                skipped.append({"patch": patch.id, "reason": "not needed" if why else "not proved",
-                                "detail": why or f"declares {patch.versions}"})
-        candidates = kept
+    candidates, skipped = applicable(engine, catalog.patches, named, allow_unknown_version)
     if not candidates:
         no_release = not_a_release(engine.version)  # a build that is no release is proved by none
         raise PatchError(f"no patch supports {engine.distribution} {engine.version}"
@@ -212,7 +208,7 @@ def _require_runtime(engine: InstalledEngine, patches: Sequence[Patch]) -> None:
                 "would import at start-up; install the package that ships it there first; nothing was written")
 
 
-def revert(engine: InstalledEngine, patches: Sequence[Patch | str] | None = None, *, catalog: Catalog | None = None,
+def revert(engine: InstalledEngine, patches: Sequence[Patch] | None = None, *, catalog: Catalog | None = None,
            force: bool = False, dry_run: bool = False, lock_timeout: float = DEFAULT_LOCK_TIMEOUT) -> Result:
     """Revert ``patches`` (None: all); the others stay applied. Originals come back byte-for-byte;
     with ``force``, only the files of the reverted patches are overwritten."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from toolkit.engine import fs
-from toolkit.declare import FileEdit, Patch, not_a_release
+from toolkit.declare import FileEdit, Patch
 from toolkit.engine.discovery import EDITABLE, InstalledEngine
 from toolkit.errors import DriftError, PatchError
 from toolkit.engine.overlap import refuse_unordered
@@ -26,23 +26,6 @@ def engine_file(engine: InstalledEngine, relpath: str) -> Path:
 @functools.lru_cache(maxsize=4096)  # asked for each file many times a command; a Path never changes
 def _engine_file(package_dir: str, relpath: str) -> Path:
     return Path(package_dir) / relpath
-
-
-def check_versions(engine: InstalledEngine, patches: Iterable[Patch], allow_unknown_version: bool) -> None:
-    for patch in patches:
-        why = patch.not_needed_on(engine.version)
-        if why and not allow_unknown_version:  # with it, "try anyway" (the compatibility matrix does)
-            raise PatchError(f"patch {patch.id} is not needed on {engine.distribution} {engine.version}: {why}; "
-                             "nothing was written")
-        if not patch.supports(engine.version) and not allow_unknown_version:
-            no_release = not_a_release(engine.version)
-            what = f" ({no_release})" if no_release else ""
-            raise PatchError(
-                f"patch {patch.id} supports {engine.engine} {patch.versions_text}, "
-                f"but {engine.distribution} {engine.version}{what} is installed at {engine.package_dir}; "
-                "allow unknown versions to try anyway (--allow-unknown-version, allow_unknown_version=True in "
-                "Python; it still fails on any missing anchor)"
-            )
 
 
 def check_install(engine: InstalledEngine, allow_editable: bool) -> None:
@@ -244,9 +227,10 @@ class Plan:
 
 def make_plan(
     engine: InstalledEngine, catalog: Catalog, state: StateDir, old_raw: bytes | None, manifest: Manifest | None,
-    add: Sequence[str], remove: Sequence[str] | None, force: bool,
+    add: Sequence[Patch], remove: Sequence[Patch] | None, force: bool,
 ) -> Plan:
-    """The plan for applying ``add`` and reverting ``remove`` (None: all); raises on drift."""
+    """The plan for applying ``add`` and reverting ``remove`` (None: all), patches of ``catalog``; raises on
+    drift. The patches come resolved: only the ids the manifest records are matched to the catalog here."""
     reverting = remove is None or bool(remove)
     if manifest is not None and stale_manifest(engine, manifest):
         if not (reverting and force):
@@ -265,14 +249,15 @@ def make_plan(
     if remove is None:
         target_ids: list[str] = []
     else:
-        target_ids = catalog.order((set(applied_before) | set(add)) - set(remove))
+        target_ids = catalog.order((set(applied_before) | {p.id for p in add}) - {p.id for p in remove})
     if manifest is None:
         _refuse_unrecorded_marks(engine, catalog, reverting)
     if not force and _already_done(engine, catalog, manifest, target_ids):
         return Plan(target_ids, clear_state="orphans" if manifest is None else "", package_dir=engine.package_dir)
     if manifest is not None and target_ids:
         _refuse_foreign(engine, catalog, target_ids, manifest.toolkit_version)
-    target = catalog.select(target_ids) if target_ids else []
+    # every target id is the catalog's now (_refuse_foreign): the recorded ones matched, never a user's id
+    target = [p for p in catalog.patches if p.id in target_ids]
 
     # Which files to look at: those of the patches that change, or every one when a run was
     # interrupted or nothing changes (a rerun that finishes or re-checks the job).

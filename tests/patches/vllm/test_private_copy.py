@@ -13,6 +13,7 @@ from tests.harness.fixtures import ensure_source_tree
 from toolkit import patch_registry
 from toolkit.engine import patching as engine
 from toolkit.engine.sources import load_source
+from tests.harness import by_id
 
 
 def test_a_copy_of_a_patched_venv_holds_the_release_files(tmp_path):
@@ -30,7 +31,7 @@ def test_a_copy_of_a_patched_venv_holds_the_release_files(tmp_path):
         return {r: hashlib.sha256((package / r).read_bytes()).hexdigest() for r in relpaths}
 
     release = digests(site / "vllm")
-    assert engine.apply(load_source(site).as_installed(), ["tito"])  # what tito's session server does
+    assert by_id.apply(load_source(site).as_installed(), ["tito"])  # what tito's session server does
     patched = digests(site / "vllm")
     assert patched != release
     root = tmp_path / "copy"
@@ -40,4 +41,4 @@ def test_a_copy_of_a_patched_venv_holds_the_release_files(tmp_path):
     release_files_back(site, root)
     assert digests(root / "vllm") == release
     assert digests(site / "vllm") == patched  # the venv's own files are not written through
-    assert engine.apply(load_source(root).as_installed(), ["patch-sweep"])  # and the copy patches cleanly
+    assert by_id.apply(load_source(root).as_installed(), ["patch-sweep"])  # and the copy patches cleanly

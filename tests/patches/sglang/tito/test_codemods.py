@@ -73,6 +73,7 @@ class ChatCompletionResponse(BaseModel):
 PROTOCOL_AFTER = '''
 import time
 from toolkit.patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
+from tests.harness import by_id
 from typing import Any, Dict, List, Optional
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
@@ -478,19 +479,19 @@ def test_apply_then_revert_is_byte_identical_on_real_sources_alone_and_with_toke
     def states() -> dict[str, str]:
         return {row.patch_id: row.state for row in engine.status(installed) if row.patch_id in ("token-ids", "tito")}
 
-    engine.apply(installed, ["tito"])
+    by_id.apply(installed, ["tito"])
     alone = _digests(site)
     assert states() == {"token-ids": "not applied", "tito": "applied"}
     assert all(alone[f] != original[f] for f in original)
-    assert engine.apply(installed, ["tito"]).changed == []  # applying again changes nothing
-    engine.apply(installed, ["token-ids"])
+    assert by_id.apply(installed, ["tito"]).changed == []  # applying again changes nothing
+    by_id.apply(installed, ["token-ids"])
     assert states() == {"token-ids": "applied", "tito": "applied"}
-    engine.revert(installed, ["token-ids"])  # tito stays, exactly as applied alone
+    by_id.revert(installed, ["token-ids"])  # tito stays, exactly as applied alone
     assert _digests(site) == alone and states()["tito"] == "applied"
-    engine.apply(installed, ["token-ids"])
-    engine.revert(installed, ["tito"])  # token-ids stays, exactly as applied alone
+    by_id.apply(installed, ["token-ids"])
+    by_id.revert(installed, ["tito"])  # token-ids stays, exactly as applied alone
     assert states() == {"token-ids": "applied", "tito": "not applied"}
     assert "# toolkit:tito" not in (site / "sglang" / SERVING_CHAT.relpath).read_text()
-    engine.revert(installed, ["token-ids"])
+    by_id.revert(installed, ["token-ids"])
     assert _digests(site) == original
     assert states() == {"token-ids": "not applied", "tito": "not applied"}
