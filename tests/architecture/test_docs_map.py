@@ -1,8 +1,8 @@
 """docs/architecture.md is the map of the tree, and docs/kit-reference.md the kit's API: both checked
 against the code, so neither can drift (issue 52, "the map is the code").
 
-Every product module is on the map, by this rule: every ``.py`` file of ``toolkit/`` and ``verify/``
-(``toolkit/cli/__init__.py``); ``patches/__init__.py`` (the registry's entry-point reader), every module directly
+Every product module is on the map, by this rule: every ``.py`` file of ``toolkit/`` and its packages
+(``toolkit/engine/plan.py``), every ``.py`` file of ``verify/``; ``patches/__init__.py`` (the registry's entry-point reader), every module directly
 in ``patches/common/`` and every folder ``patches/<engine>/<name>/`` (a patch, a plugin or shared code);
 every package folder of ``kernels/`` (``kernels/superlinear/triton/``). Each is named by its path.
 
@@ -31,7 +31,8 @@ REFERENCE = re.compile(r"`((?:toolkit\.)?[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\([^
 
 def product_modules() -> list[str]:
     """The paths the map must name, by the rule in this module's docstring."""
-    paths = [f"{folder}/{p.name}" for folder in ("toolkit", "verify") for p in sorted((REPO / folder).glob("*.py"))]
+    paths = [p.relative_to(REPO).as_posix() for p in sorted((REPO / "toolkit").rglob("*.py"))]
+    paths += [f"verify/{p.name}" for p in sorted((REPO / "verify").glob("*.py"))]
     paths.append("patches/__init__.py")
     paths += [f"patches/common/{p.name}" for p in sorted((REPO / "patches" / "common").glob("*.py"))
               if p.name != "__init__.py"]
@@ -130,13 +131,13 @@ def test_every_documented_function_exists():
 
 def test_the_checks_fail_on_a_map_that_drifted():
     text = MAP.read_text()
-    assert "`toolkit/engine/plan.py`" in text and "`patches/vllm/tito/`" in text and "`plan.make_plan`" in text
+    assert "`toolkit/engine/plan.py`" in text and "`patches/vllm/tito/`" in text and "`engine.plan.make_plan`" in text
     without_plan = text.replace("`toolkit/engine/plan.py`", "`plan`")
     assert missing_modules(without_plan) == ["toolkit/engine/plan.py"]
     without_tito = text.replace("`patches/vllm/tito/`", "the tito folder")
     assert missing_modules(without_tito) == ["patches/vllm/tito/"]
-    renamed = text + "\nThen `plan.make_the_plan` and `codemod.AnchoredTransformer.hit_twice` and `toolkit.verify.run.nowhere`.\n"
-    assert dead_names(renamed) == ["plan.make_the_plan", "codemod.AnchoredTransformer.hit_twice",
+    renamed = text + "\nThen `engine.plan.make_the_plan` and `codemod.AnchoredTransformer.hit_twice` and `toolkit.verify.run.nowhere`.\n"
+    assert dead_names(renamed) == ["engine.plan.make_the_plan", "codemod.AnchoredTransformer.hit_twice",
                                    "toolkit.verify.run.nowhere"]
 
 
