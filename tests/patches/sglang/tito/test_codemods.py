@@ -19,6 +19,7 @@ from toolkit.engine import patching as engine
 from toolkit.errors import AnchorError
 from toolkit.engine.sources import load_source
 from toolkit.engine.transform import transform_or_raise
+from tests.harness import by_id
 
 PROTOCOL, SERVING_CHAT, HTTP_SERVER = PATCH.files
 VERSIONS = ("0.5.9", "0.5.23")
@@ -73,7 +74,6 @@ class ChatCompletionResponse(BaseModel):
 PROTOCOL_AFTER = '''
 import time
 from toolkit.patches.sglang.tito import runtime as _toolkit_tito  # toolkit:tito
-from tests.harness import by_id
 from typing import Any, Dict, List, Optional
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
