@@ -24,10 +24,6 @@ from toolkit.errors import RegistryError, UsageError
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 ENTRY_POINT_GROUP = "toolkit.patches"
 OWN_DISTRIBUTION = "serving-toolkit"
-# `verify --checks` names, listed here so that building the command line's parser imports no check (httpx
-# and the patches' check modules); tests/toolkit/test_cli_words.py keeps it equal to verify's all_checks().
-CHECK_NAMES = ("nonstream-decode", "stream-decode", "stream-parity", "tools", "prompt-template", "input-ids",
-               "concurrency", "multi-turn", "patch-sweep", "responses-stream")
 
 
 def registry() -> list[Patch]:

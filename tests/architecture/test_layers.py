@@ -173,7 +173,7 @@ def test_reading_the_patch_declarations_loads_no_codemod():
 MAX_MODULE_LINES = 400
 # Over the cap while issue 52's patches/ part is under way: the PatchStudy client leaves patches/ there
 # (and is split). Listed by name so that it cannot grow, and so that this list must shrink once it is done.
-OVER_THE_CAP = {"patches/vllm/patch_sweep/client.py": 432}
+OVER_THE_CAP: dict[str, int] = {}  # none today: a module over the cap is named here with its lines, for a while
 
 
 def test_no_product_module_is_over_400_lines():

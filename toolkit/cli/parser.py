@@ -14,7 +14,7 @@ from toolkit.cli import output as out
 from toolkit.cli.ray import add_ray_options
 from toolkit.engine.patching import DEFAULT_LOCK_TIMEOUT
 from toolkit.kit import scaffold
-from toolkit.patch_registry import CHECK_NAMES as VERIFY_CHECKS
+from toolkit.verify.checks import NAMES as VERIFY_CHECKS  # the names only: no check module loads
 from toolkit.patch_registry import did_you_mean
 
 
