@@ -77,7 +77,7 @@ class Patch:
     """One patch: its ``id``, its ``engine`` (``"vllm"`` or ``"sglang"``), the one PEP 440 range of
     ``versions`` it is proved on, the ``files`` it edits (each a :class:`FileEdit`) and a one-line
     ``summary``; optionally the ``runtime_modules`` its injected code imports, its ``toolkit verify``
-    checks (``verify_checks``, ``verify_env``), the releases that need no patch (``not_needed``) and the
+    checks (``verify_checks``, ``verify_env``: kept, no longer read), the releases that need no patch (``not_needed``) and the
     patches it applies ``after``. A patch package exposes it as ``PATCH`` in its ``patch.py``;
     construction refuses (``ValueError``/``TypeError``) an unknown engine, a ``versions`` that is not one
     range with an upper bound, an ``after`` given as a string, and a file declared twice or in a range
@@ -91,8 +91,9 @@ class Patch:
     files: Sequence[FileEdit]
     summary: str
     runtime_modules: Sequence[str] = field(default_factory=tuple)
-    # The patch's own `toolkit verify` checks, ``"module:NAME"`` of a list of checks (loaded only by
-    # verify), and the environment a verified server needs for them (e.g. a switch the patch reads).
+    # Kit API v1 fields kept so declarations written against it still load: the verifier owns its checks
+    # (toolkit.verify.checks, each naming the patch it needs, with the environment it needs) and reads
+    # neither since issue 52; ``load_verify_checks`` still loads what a declaration names.
     verify_checks: str = ""
     verify_env: Sequence[tuple[str, str]] = ()
     # Releases that need no patch because the engine serves the feature another way (a plugin entry

@@ -38,14 +38,16 @@ def reference(tiny_model) -> list:
 
 @pytest.mark.parametrize("venv", VLLM_RL_RELEASE_ENVS)
 def test_every_check_and_the_superlinear_plugin_on_one_server(venv, engine_python, tiny_model, reference):
-    from toolkit import apply_patch, patch_registry, revert_patch
+    from toolkit import apply_patch, revert_patch
+    from toolkit.verify.checks import all_checks
     from toolkit.verify.server import EngineServer
 
     python = engine_python(venv)
     patches = list(VLLM_RL_RELEASE_PATCHES)
-    # patch-sweep's routes are off unless its switch is on: what `toolkit verify --model` sets (Patch.verify_env)
-    switches = {name: value for patch in patch_registry.registry() if patch.engine == "vllm" and patch.id in patches
-                for name, value in patch.verify_env}
+    # patch-sweep's routes are off unless its switch is on: what `toolkit verify --model` sets (Check.env of
+    # the checks whose patch is applied)
+    switches = {name: value for check in all_checks() if check.requires.get("vllm") in patches
+                for name, value in check.env}
     assert switches == {"TOOLKIT_ENABLE_PATCHING": "1"}
     prompts = [ids for ids, _, _ in reference]
     apply_patch("vllm", patches, python=python)

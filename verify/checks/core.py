@@ -160,8 +160,8 @@ def check_concurrency(target: Target) -> str:
 
 
 TOKEN_IDS = {"vllm": None, "sglang": "token-ids"}
-# The contract every patched engine keeps (token ids; the tito patch's input ids). A patch adds its own
-# checks through its declaration (``Patch.verify_checks``): see :func:`all_checks`.
+# The contract every patched engine keeps (token ids; the tito patch's input ids). Each patched feature's
+# checks are in their own module beside this one (suite.all_checks puts them in order).
 CORE: list[Check] = [
     Check("nonstream-decode", "non-streaming: decode(token_ids) == content", TOKEN_IDS, check_nonstream_decode),
     Check("stream-decode", "streaming: ids decode to the deltas; prompt ids on the first chunk", TOKEN_IDS,
