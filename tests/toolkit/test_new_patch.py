@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,10 @@ def installed(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"new-patch-{engine}")
     folder = new_patch(name_for(engine), engine, root / "skeleton")
     target = root / "site"
+    # as docs/writing-patches.md builds offline: the environment's setuptools, checked against the declared one
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--target", str(target), str(folder)], capture_output=True, text=True, timeout=300)
+                          "--check-build-dependencies", "--target", str(target), str(folder)],
+                         capture_output=True, text=True, timeout=300)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     return engine, folder, target
 
@@ -84,6 +87,15 @@ def test_the_skeleton_declares_every_known_release_of_its_engine(engine):
     known = [(dist, v) for dist, (line_engine, _) in LINES.items() if line_engine == engine
              for v in KNOWN_RELEASES[dist]]
     assert releases_of(engine, TARGETS[engine].versions) == known
+
+
+def test_the_skeleton_declares_the_build_backend_this_project_requires(tmp_path):
+    """The documented offline build (`pip install 'setuptools>=77'`, then --check-build-dependencies) works
+    for a scaffolded patch too: it declares what this project and its examples declare."""
+    ours = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["build-system"]
+    folder = new_patch("build-fix", "vllm", tmp_path / "p")
+    theirs = tomllib.loads((folder / "pyproject.toml").read_text())["build-system"]
+    assert theirs == ours and theirs["requires"] == ["setuptools>=77"]
 
 
 def test_the_distribution_and_package_names_come_from_the_name(tmp_path, monkeypatch):

@@ -67,6 +67,7 @@ def test_check_source_checks_a_named_patch_on_a_version_it_does_not_declare(caps
     payload = json.loads(capsys.readouterr().out)
     (patch,) = payload["patches"]
     assert patch["patch"] == "superlinear-backend" and not patch["supported_version"]
+    assert "plugin entry point" in patch["not_needed"]  # SGLang >=0.5.11 loads the plugin itself (issue 58)
     assert code == 1 and not payload["ok"]
 
 

@@ -72,3 +72,19 @@ def test_a_wheel_already_cached_stays(index):
     releases.ensure_slim(*RELEASE, ["srt/serving.py"])
     assert (wheels / WHEEL).is_file()
     assert releases.slim_requested(releases.slim_dir(*RELEASE)) == {"srt/serving.py"}
+
+
+def test_a_matrix_reuses_the_slim_tree_a_patch_test_cut_with_its_files_alone(index):
+    # issue 58: a patch's own test cut each release's slim tree with its one file, and `toolkit matrix`
+    # then downloaded every wheel again to widen them to every registered patch's files
+    releases.release_tree(*RELEASE, list(demo_patches.SECOND.relpaths))
+    assert releases.slim_requested(releases.slim_dir(*RELEASE)) == {"srt/serving.py"}
+    (index / WHEEL).unlink()  # a second download would fail
+    cells = matrix.run([demo_patches.SECOND], [RELEASE])
+    assert [(c.patch, c.golden, c.declared) for c in cells] == [("second", "ok", True)]
+    assert releases.slim_requested(releases.slim_dir(*RELEASE)) == {"srt/serving.py"}  # as it was
+
+
+def test_a_cut_the_matrix_makes_anyway_holds_every_registered_patchs_files(index):
+    matrix.run([demo_patches.SECOND], [RELEASE])  # SECOND edits one file; the registry's patches two
+    assert_only_the_slim_tree(releases.cache_dir())

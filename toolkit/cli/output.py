@@ -182,7 +182,8 @@ def print_list(console: Console, patches: Sequence[Any], verbose: bool) -> None:
     for p in patches:
         extra = ("\n".join(p.runtime_modules), " ".join(filter(None, p.not_needed))) if verbose else ()
         files = "\n".join(f.relpath + (f" ({f.versions})" if f.versions else "") for f in p.files)  # range: where edited
-        table.add_row(p.id, p.engine, p.versions_text, files, p.summary, *extra)
+        versions = p.versions_text + (f"\nnot needed: {p.not_needed[0]}" if p.not_needed[0] else "")  # fixed upstream
+        table.add_row(p.id, p.engine, versions, files, p.summary, *extra)
     console.print(table)
 
 
@@ -315,6 +316,7 @@ def check_json(source: Any, checks: Sequence[Any]) -> dict[str, Any]:
     return dict(source=str(source.origin), engine=source.engine, distribution=source.distribution,
                 version=source.version,
                 patches=[{"patch": c.patch_id, "supported_version": c.supported, "ok": c.ok, "errors": c.errors,
+                          "not_needed": c.not_needed,
                           "anchors": [asdict(a) for a in c.anchors]} for c in checks])
 
 
@@ -333,6 +335,7 @@ def print_check(console: Console, source: Any, checks: Sequence[Any], verbose: b
     for check in checks:
         verdict = "[green]would apply[/green]" if check.ok else "[red]would NOT apply[/red]"
         note = "" if check.supported else " (version not proved: needs --allow-unknown-version)"
+        note = f" (not needed on this release: {escape(check.not_needed)})" if check.not_needed else note
         found = sum(a.ok for a in check.anchors)
         count = f" ({found} of {len(check.anchors)} anchors found)" if verbose else ""
         console.print(f"{escape(check.patch_id)}: {verdict}{note}{count}", highlight=False)

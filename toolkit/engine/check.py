@@ -34,6 +34,7 @@ class SourceCheck:
     supported: bool
     anchors: list[AnchorCheck]
     errors: list[str]
+    not_needed: str = ""  # why the release needs no patch (``Patch.not_needed``), or ""
 
     @property
     def ok(self) -> bool:
@@ -89,5 +90,6 @@ def check_source(source: SourceTree, patches: Sequence[Patch] | None = None, *,
                     compile(outcome.after, edit.relpath, "exec")
                 except SyntaxError as exc:
                     errors.append(f"{edit.relpath}: patched result does not compile: {exc}")
-        results.append(SourceCheck(source, patch.id, patch.supports(source.version), anchors, errors))
+        results.append(SourceCheck(source, patch.id, patch.supports(source.version), anchors, errors,
+                                   patch.not_needed_on(source.version)))
     return results

@@ -72,7 +72,7 @@ TARGETS = {
 
 PYPROJECT = """\
 [build-system]
-requires = ["setuptools>=61"]
+requires = ["setuptools>=77"]
 build-backend = "setuptools.build_meta"
 
 [project]
