@@ -30,7 +30,8 @@ TEMP_SUFFIX = ".toolkit-tmp"
 
 # the folder every write and delete below is confined to (no link followed from it down); None: none
 _ROOT: contextvars.ContextVar[str | None] = contextvars.ContextVar("toolkit_fs_root", default=None)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+# a folder on the way is opened only to be walked from (O_PATH: search permission is enough, as for a path)
+_WALK_FLAGS = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class LinkInTheWay(OSError):
@@ -60,15 +61,16 @@ def _parts_below(root: str, path: str) -> list[str] | None:
     return [part for part in path[len(prefix):].split(os.sep) if part and part != "."]
 
 
-def _open_folder(root: str, parts: list[str]) -> int:
-    """A descriptor of ``root``/``parts``, opened one part at a time without following a link."""
-    fd = os.open(root, _DIR_FLAGS)  # the root itself is trusted (site-packages, resolved by discovery)
-    current = root
+def _open_folder(root: str, parts: list[str], listing: bool = False) -> int:
+    """A descriptor of ``root``/``parts``, opened one part at a time without following a link (readable
+    when ``listing``; else only to be walked from). The root itself is trusted (site-packages, resolved)."""
+    last = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC if listing else _WALK_FLAGS
+    fd, current = os.open(root, last if not parts else _WALK_FLAGS), root
     try:
-        for part in parts:
+        for index, part in enumerate(parts):
             current = os.path.join(current, part)
             try:
-                next_fd = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+                next_fd = os.open(part, (last if index == len(parts) - 1 else _WALK_FLAGS) | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, fd):
                     raise LinkInTheWay(current) from None
@@ -106,15 +108,9 @@ def _in_folder(path: Path | str) -> Iterator[tuple[int | None, str]]:
 
 
 def _refuse_link_at(name: str, dir_fd: int | None, path: Path | str) -> None:
-    if _stat.S_ISLNK(_lstat_or_zero(name, dir_fd)):
-        raise LinkInTheWay(os.fspath(path))
-
-
-def _lstat_or_zero(name: str, dir_fd: int | None) -> int:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-    except FileNotFoundError:
-        return 0
+    with contextlib.suppress(FileNotFoundError):
+        if _stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            raise LinkInTheWay(os.fspath(path))
 
 
 def read_bytes(path: Path) -> bytes:
@@ -152,7 +148,7 @@ def listdir(path: Path) -> list[str]:
     parts = None if root is None else _parts_below(root, os.fspath(path))
     if root is None or parts is None:
         return os.listdir(path)
-    fd = _open_folder(root, parts)  # a folder that is a link (a `__pycache__`) is refused, not listed
+    fd = _open_folder(root, parts, listing=True)  # a folder that is a link (a `__pycache__`) is refused, not listed
     try:
         return os.listdir(fd)
     finally:
