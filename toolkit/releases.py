@@ -270,7 +270,7 @@ def _metadata_files(source: SourceTree) -> list[tuple[str, bytes]]:
     if source.origin.is_file():
         with zipfile.ZipFile(source.origin) as wheel:
             return [(n, wheel.read(n)) for n in wheel.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
-    return [(m.relative_to(source.origin).as_posix(), m.read_bytes()) for m in source.origin.glob("*.dist-info/METADATA")]
+    return [(str(m.relative_to(source.origin)), m.read_bytes()) for m in source.origin.glob("*.dist-info/METADATA")]
 
 
 def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,

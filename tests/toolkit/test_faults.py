@@ -694,7 +694,8 @@ def test_every_failing_call_on_a_real_tree(name, package, fault_dir, capsys, mon
 # umask 0: what matrix, repair and the codemod cache write is never more open than 0755 / 0644
 
 
-def test_umask_0_runs_of_matrix_repair_and_the_codemod_cache(index, demo_registry, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_umask_0_runs_of_matrix_repair_and_the_codemod_cache(
+        index, demo_registry, tmp_path, monkeypatch, capsys):  # noqa: F811 - the fixture
     """Under umask 0, `mkdir` makes 0777 folders and pip 0666 files: a release cache, a wheel or a codemod
     cache (pickles) anyone could edit. `toolkit matrix`, a `repair` that downloads the release's wheel, and
     an apply that fills the codemod cache, all under umask 0: every folder they make is 0755, every file

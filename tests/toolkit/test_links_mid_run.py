@@ -185,7 +185,8 @@ def test_a_pycache_made_a_link_mid_apply_is_not_followed(tmp_path, monkeypatch):
     elsewhere = tmp_path / "elsewhere"
     _at_first_rename(monkeypatch, site, lambda: plant_pycache(site, elsewhere))
     _refused(lambda: by_id.apply(installed, ["demo"]), site / SRT / "__pycache__")
-    assert sorted(p.name for p in (elsewhere / "__pycache__").iterdir()) == [f"protocol.{TAG}.pyc", f"serving.{TAG}.pyc"]
+    kept = sorted(p.name for p in (elsewhere / "__pycache__").iterdir())
+    assert kept == [f"protocol.{TAG}.pyc", f"serving.{TAG}.pyc"]
     assert {p.name: p.read_bytes() for p in (site / SRT).glob("*.py")} == release
     assert set(_states(installed).values()) == {"not applied"}
 

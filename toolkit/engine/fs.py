@@ -123,7 +123,8 @@ def read_file(path: Path) -> tuple[bytes, int]:
     ``O_NOFOLLOW``): a link here is :class:`LinkInTheWay`, never the link's own 0777."""
     with _in_folder(path) as (dir_fd, name):
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            # O_NONBLOCK: a FIFO planted there does not hang the run (fstat then says it is no regular file)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise LinkInTheWay(os.fspath(path)) from None
