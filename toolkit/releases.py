@@ -5,13 +5,15 @@ Every release is read from a cache, ``<cache>`` = ``$TOOLKIT_CACHE_DIR`` (defaul
 * ``<cache>/sources/<dist>-<version>/``: the whole wheel unpacked (a site-packages-like tree, marker
   ``.toolkit-unpacked`` holding the wheel's name), made by :func:`fetch` (``scripts/fetch_sources.py``);
 * ``<cache>/sources-slim/<dist>-<version>/``: only the files asked for plus the dist-info METADATA
-  (marker ``.toolkit-slim``: JSON listing every relpath asked for), made by :func:`ensure_slim`;
+  (marker ``.toolkit-slim``: JSON listing every relpath asked for and each file's sha256, checked against
+  the wheel's RECORD when cut and against the tree on every read), made by :func:`ensure_slim`;
 * ``<cache>/sources/wheels/``: the wheels, ``pip download --no-deps --only-binary :all:``; those
   :func:`fetch` unpacks stay, one :func:`ensure_slim` downloads is deleted once its slim tree is cut.
 
 :func:`release_tree` takes the whole tree when it is cached, else the slim tree (widened when it lacks
-a file asked for), else downloads the wheel once. Every failure (no network, no such release, a
-download forbidden by ``offline``) is one sentence in a :class:`toolkit.errors.PatchError`.
+a file asked for), else downloads the wheel once. A slim tree whose files lost their sha256 is cut again, with
+a line on stderr (offline: from a cached wheel, else an error naming the file). Folders are 0755 and files 0644
+at most, whatever the umask. Every failure is one sentence in a :class:`toolkit.errors.PatchError`.
 
 Standard library only at import (``scripts/fetch_sources.py`` runs it under any python 3).
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -30,6 +33,8 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+from toolkit.base.cache_files import FILE_MODE, fresh_private_folder, publish, record_of, restrict, tree_damage
+from toolkit.engine import fs
 from toolkit.errors import PatchError, UsageError
 
 # Kit API v1 (docs/writing-patches.md, "What is public"; docs/kit-reference.md).
@@ -98,17 +103,20 @@ def slim_dir(dist: str, version: str) -> Path:
 @contextlib.contextmanager
 def locked(path: Path, holder: str = "another fetch is running") -> Iterator[None]:
     """An exclusive lock on ``path`` (flock), saying what it waits for; scripts/envs.py uses it too."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
+    fs.make_dirs(path.parent)  # 0755 whatever the umask
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)  # the umask applied to 0644, never more
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print(f"waiting for {path.name} ({holder})", file=sys.stderr, flush=True)
-            fcntl.flock(handle, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def source_lock(dist: str, version: str) -> contextlib.AbstractContextManager[None]:
@@ -141,8 +149,8 @@ def download(dist: str, version: str) -> Path:
         return wheel
     wheels = sources_dir() / "wheels"
     partial = wheels / f".partial-{dist}-{version}"  # per release: downloads of different ones run side by side
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    fs.make_dirs(wheels)
+    fresh_private_folder(partial)  # 0700: pip's file (0666 under umask 0) is reachable by no one until restricted
     print(f"downloading {dist}=={version} ...", file=sys.stderr, flush=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--no-input", "-q", "-d", str(partial), f"{dist}=={version}"]
@@ -162,6 +170,7 @@ def download(dist: str, version: str) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         raise PatchError(f"pip download of {dist}=={version} gave {[p.name for p in got]}, not one wheel of it")
     target = wheels / got[0].name
+    restrict(got[0])
     os.replace(got[0], target)
     shutil.rmtree(partial, ignore_errors=True)
     return target
@@ -183,7 +192,8 @@ def unpack(dist: str, version: str, wheel: Path) -> Path:
     if (target / MARKER).is_file():
         return target
     tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
+    fs.make_dirs(target.parent)
+    fresh_private_folder(tmp)
     shutil.rmtree(target, ignore_errors=True)
     print(f"unpacking {wheel.name} ...", file=sys.stderr, flush=True)
     try:
@@ -193,7 +203,7 @@ def unpack(dist: str, version: str, wheel: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise PatchError(f"cannot unpack {wheel}: {exc}") from None
     (tmp / MARKER).write_text(wheel.name + "\n")
-    os.replace(tmp, target)
+    publish(tmp, target)
     return target
 
 
@@ -217,24 +227,40 @@ def slim_requested(path: Path) -> set[str] | None:
         return None
 
 
+def slim_damage(path: Path) -> str | None:
+    """What makes the slim tree at ``path`` untrustworthy, as the start of a sentence, or None."""
+    try:
+        hashes = json.loads((path / SLIM_MARKER).read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        hashes = None
+    return tree_damage(path, hashes, SLIM_MARKER)
+
+
 def build_slim(source: SourceTree, relpaths: Sequence[str], dest: Path) -> Path:
     """Write ``dest``: the package's ``relpaths`` that ``source`` has, its dist-info METADATA, and a
     marker listing every relpath asked for (a file the release lacks stays listed, so it is not
-    fetched again). Atomic: a half-written tree is never taken for a slim tree."""
+    fetched again) and each file's sha256, checked against the RECORD of the wheel (or tree) cut from.
+    Atomic: a half-written tree is never taken for a slim tree."""
     tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for relpath in relpaths:
-        data = source.read(relpath)
-        if data is not None:
-            target = tmp / source.package / relpath
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-    for name, data in _metadata_files(source):
+    fs.make_dirs(dest.parent)
+    fresh_private_folder(tmp)
+    files = [(f"{source.package}/{relpath}", source.read(relpath)) for relpath in relpaths]
+    record = record_of(source.origin)
+    hashes = {}
+    for name, data in [*files, *_metadata_files(source)]:
+        if data is None:
+            continue
+        hashes[name] = hashlib.sha256(data).hexdigest()
+        if name in record and record[name] != hashes[name]:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise PatchError(f"{source.origin}: {name} differs from its RECORD (a damaged or altered release); "
+                             "delete it from the cache and fetch it again")
         (tmp / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp / name).write_bytes(data)
-    (tmp / SLIM_MARKER).write_text(json.dumps({"from": source.origin.name, "requested": list(relpaths)}, indent=1) + "\n")
+    (tmp / SLIM_MARKER).write_text(json.dumps({"from": source.origin.name, "requested": list(relpaths),
+                                               "sha256": hashes}, indent=1) + "\n")
     shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
+    publish(tmp, dest)
     return dest
 
 
@@ -249,27 +275,34 @@ def _metadata_files(source: SourceTree) -> list[tuple[str, bytes]]:
 def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,
                 keep_wheel: bool = False, widen_to: Sequence[str] = ()) -> Path:
     """The slim tree of ``dist==version`` holding ``relpaths``, built when missing or widened (to what it
-    held, ``relpaths`` and ``widen_to``) when it lacks one: from the whole tree when unpacked, else from the
-    wheel. ``widen_to``: files a later run will want, cut too when a cut is needed anyway (a tree that
-    holds ``relpaths`` is used as it is, whatever it lacks of ``widen_to``).
-    A wheel this call downloads is deleted once the slim tree is cut, unless ``keep_wheel``: a matrix or
-    conformance run leaves only slim trees (a few MB a release, where a wheel is up to 340 MB). A wheel
-    already in the cache (scripts/fetch_sources.py's, which the test setup builds venvs from) is left."""
+    held, ``relpaths`` and ``widen_to``) when it lacks one, and cut again when a file no longer has its
+    sha256: from the whole tree when unpacked, else from the wheel (offline: only a cached one). ``widen_to``:
+    files a later run will want, cut too when a cut is needed anyway (a tree holding ``relpaths`` is reused).
+    A wheel this call downloads is deleted once the slim tree is cut, unless ``keep_wheel`` (a matrix run leaves
+    only slim trees, a few MB a release where a wheel is up to 340 MB); a wheel already in the cache is left."""
     from toolkit.engine.sources import load_source
 
     dest = slim_dir(dist, version)
     requested = slim_requested(dest)
+    damage = None
     if requested is not None and requested >= set(relpaths):
-        return dest
+        damage = slim_damage(dest)
+        if damage is None:
+            return dest
+        print(f"{damage}: cutting the slim tree of {dist}=={version} again from the release", file=sys.stderr,
+              flush=True)
     unpacked = source_dir(dist, version)
     if (unpacked / MARKER).is_file():
         return build_slim(load_source(unpacked), sorted({*relpaths, *widen_to, *(requested or ())}), dest)
-    if offline:
+    if offline and find_wheel(dist, version) is None:
+        if damage is not None:
+            raise PatchError(f"{damage}, and offline forbids downloading {dist}=={version} to cut it again "
+                             f"(run without --offline, or delete {dest})")
         raise PatchError(f"{dist}=={version} is not in the cache ({cache_dir()}) with every file asked for, "
                          "and offline forbids the download")
     with source_lock(dist, version):
         requested = slim_requested(dest)  # another run may have cut it (and deleted its wheel) while this one waited
-        if requested is not None and requested >= set(relpaths):
+        if requested is not None and requested >= set(relpaths) and slim_damage(dest) is None:
             return dest
         cached = find_wheel(dist, version) is not None
         wheel = download(dist, version)
@@ -284,8 +317,7 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
 def release_tree(dist: str, version: str, relpaths: Sequence[str], *, offline: bool = False,
                  keep_wheel: bool = False, widen_to: Sequence[str] = ()) -> SourceTree:
     """The files of ``dist==version``: the whole unpacked tree when cached, else the slim tree holding
-    ``relpaths`` (widened or built, downloading the wheel unless ``offline``). ``widen_to``: more files to
-    cut when a cut is needed anyway (a slim tree already holding ``relpaths`` is reused as it is)."""
+    ``relpaths`` (see ensure_slim: widened or built, downloading the wheel unless ``offline``)."""
     from toolkit.engine.sources import load_source
 
     check_release(dist, version)

@@ -18,6 +18,7 @@ import hashlib
 import os
 import shutil
 import signal
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +33,14 @@ from toolkit.engine.sources import load_source
 from toolkit.engine.state import StateDir
 
 from tests.toolkit import demo_patches
+from tests.toolkit.test_release_cache import index  # noqa: F401 - a fixture
 from tests.harness import by_id
 
 QUICK = os.environ.get("TOOLKIT_QUICK") == "1"  # scripts/test.sh --quick (tests/conftest.py): fewer faulted calls
 
 ERRNOS = (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EIO, errno.EROFS)
 # The primitives of toolkit.engine.fs; its compositions (stage, atomic_write, ...) call these.
-PRIMITIVES = ("read_bytes", "lstat", "listdir", "mkdir", "chmod", "unlink", "rmdir", "replace", "mkstemp",
+PRIMITIVES = ("read_bytes", "read_file", "lstat", "listdir", "mkdir", "unlink", "rmdir", "replace", "mkstemp",
               "write_all", "fsync", "close", "fsync_dir", "open_fd", "flock", "pread", "overwrite", "fchmod")
 
 
@@ -46,7 +48,8 @@ class Injector:
     """Counts calls to toolkit.engine.fs; fails call ``fail_at`` (and every later one when sticky), or
     SIGKILLs the process at call ``kill_at``, or sends it SIGINT (a real signal, as Ctrl-C does) just
     before call ``interrupt_at`` or just after it returned (``interrupt_after``: the rename done, its
-    caller not yet told)."""
+    caller not yet told), or runs ``plant`` (a link put in the tree, as another process would) just before
+    call ``plant_at``."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -57,12 +60,16 @@ class Injector:
         self.errno = errno.EIO
         self.sticky = False
         self.injected = 0
+        self.plant_at: int | None = None
+        self.plant: Callable[[], None] = lambda: None
 
     @contextlib.contextmanager
     def active(self, fail_at: int | None = None, kill_at: int | None = None, err: int = errno.EIO,
-               sticky: bool = False, interrupt_at: int | None = None, interrupt_after: bool = False):
+               sticky: bool = False, interrupt_at: int | None = None, interrupt_after: bool = False,
+               plant_at: int | None = None, plant: Callable[[], None] | None = None):
         self.calls, self.fail_at, self.kill_at, self.errno, self.sticky = 0, fail_at, kill_at, err, sticky
         self.interrupt_at, self.interrupt_after = interrupt_at, interrupt_after
+        self.plant_at, self.plant = plant_at, plant or (lambda: None)
         saved = {name: getattr(fs, name) for name in PRIMITIVES}
         for name, real in saved.items():
             setattr(fs, name, self._wrap(name, real))
@@ -77,6 +84,8 @@ class Injector:
             self.calls += 1
             if self.kill_at == self.calls:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if self.plant_at == self.calls:
+                self.plant()  # with os and shutil, not through toolkit.engine.fs: not counted
             if self.interrupt_at == self.calls and self.interrupt_after:
                 try:
                     return real(*args, **kwargs)
@@ -290,6 +299,47 @@ class Harness:
                 except AssertionError as exc:
                     raise AssertionError(f"{where}: {exc}") from exc
 
+    def plant_at_every_call(self, injector: Injector, step: int = 1) -> None:
+        """A link planted just before every call k (a file the command writes, its folder, or the folder's
+        ``__pycache__``, each made a link to a copy of itself outside site-packages): the command either
+        finishes (it wrote nothing there after k) or raises one sentence naming the link; either way the
+        link is still a link and nothing was written through it. Once the link is replaced by a copy of
+        what it points to (what the sentence says to do), every file is whole, status is true, and the
+        next run, then a revert, finish the job."""
+        total = self.count_calls(injector)
+        written = [r for r in self.relpaths if self.before[r] != self.after[r]][0]
+        for k in sorted({*range(1, total + 1, step), total}):
+            for kind in PLANTED:
+                installed = self.fresh("case")
+                link = Path(installed.package_dir) / PLANTED[kind](written)
+                elsewhere = self.root / "elsewhere"
+                shutil.rmtree(elsewhere, ignore_errors=True)
+                seen: dict[str, tuple] = {}
+
+                def plant() -> None:
+                    _plant_link(link, elsewhere)
+                    seen.update(_outside(elsewhere))
+
+                where = f"{self.scenario.name}: {kind} link planted before call {k}/{total}"
+                message = ""
+                with injector.active(plant_at=k, plant=plant):
+                    try:
+                        self.scenario.op(installed)
+                    except PatchError as exc:
+                        message = str(exc)
+                self.count += 1
+                try:
+                    assert os.path.islink(link), "the link is gone"
+                    assert _outside(elsewhere) == seen, "written through the link"
+                    assert not [p for p in elsewhere.rglob("*") if p.name.endswith(fs.TEMP_SUFFIX)], "temp left outside"
+                    if message:
+                        assert f"{link} " in message and "symbolic link" in message and "\n" not in message, message
+                    _copy_in_place_of(link)
+                    self.check_after_fault(installed, bool(message), all_or_nothing=kind != "folder")
+                    self.finish(installed)
+                except AssertionError as exc:
+                    raise AssertionError(f"{where}: {exc}") from exc
+
     def check_after_interrupt(self, installed) -> None:
         now = _digests(installed, self.relpaths)
         assert now in (self.before, self.after), "files neither as they were nor as they should be"
@@ -298,6 +348,43 @@ class Harness:
         assert _backups(installed) == (self.backups_before if ended == "before" else self.backups_after), \
             f"backups differ from a run that ended {ended}"
         assert _temps(installed.site_dir) == []
+
+
+# what a link is planted at, from the file the command writes (its relpath in the package)
+PLANTED: dict[str, Callable[[str], str]] = {
+    "file": lambda relpath: relpath,
+    "folder": lambda relpath: os.path.dirname(relpath),
+    "__pycache__": lambda relpath: os.path.join(os.path.dirname(relpath), "__pycache__"),
+}
+
+
+def _plant_link(path: Path, elsewhere: Path) -> None:
+    """``path`` moved to ``elsewhere`` and a link to it left in its place; a missing ``__pycache__`` is
+    made first, with bytecode of every module of its folder (what a deletion through the link would take)."""
+    if path.name == "__pycache__" and not os.path.lexists(path):
+        path.mkdir()
+        for source in path.parent.glob("*.py"):
+            (path / f"{source.stem}.cpython-312.pyc").write_bytes(b"bytecode")
+    elsewhere.mkdir(parents=True, exist_ok=True)
+    outside = elsewhere / path.name
+    shutil.move(path, outside)
+    path.symlink_to(outside, target_is_directory=outside.is_dir())
+
+
+def _outside(elsewhere: Path) -> dict[str, bytes | None]:
+    """What the link's target holds (temp files aside: a run's own, removed by it)."""
+    return {str(p.relative_to(elsewhere)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(elsewhere.rglob("*")) if not p.name.endswith(fs.TEMP_SUFFIX)}
+
+
+def _copy_in_place_of(link: Path) -> None:
+    """The fix the refusal names: the link replaced by a copy of what it points to."""
+    target = Path(os.readlink(link))
+    link.unlink()
+    if target.is_dir():
+        shutil.copytree(target, link, symlinks=True)
+    else:
+        shutil.copy2(target, link)
 
 
 def _backups(installed) -> dict[str, str]:
@@ -356,6 +443,14 @@ def test_every_failing_call_on_the_demo_tree(scenario, demo_registry, fault_dir,
     assert harness.count >= 100 // QUICK_STEP
 
 
+@pytest.mark.parametrize("scenario", DEMO_SCENARIOS, ids=lambda s: s.name)
+def test_a_link_planted_at_every_call_on_the_demo_tree(scenario, demo_registry, fault_dir, capsys):
+    harness = Harness(fault_dir, demo_patches.make_engine_tree, scenario, demo_registry)
+    harness.plant_at_every_call(Injector(), step=QUICK_STEP)
+    _report(capsys, f"demo tree, link planted, {scenario.name}", harness.count)
+    assert harness.count >= 3 * 20 // QUICK_STEP
+
+
 def _site_with_record(site: Path) -> Path:
     demo_patches.make_engine_tree(site)
     demo_patches.write_record(site)
@@ -373,6 +468,7 @@ def test_every_failing_call_and_sigkill_during_repair(demo_registry, fault_dir, 
     harness = Harness(fault_dir, _site_with_record, scenario, demo_registry)
     harness.fail_every_call(Injector(), ERRNOS, step=QUICK_STEP)
     harness.kill_at_every_call(Injector(), step=QUICK_STEP)
+    harness.plant_at_every_call(Injector(), step=QUICK_STEP)
     _report(capsys, "demo tree, repair", harness.count)
 
 
@@ -589,5 +685,48 @@ def test_every_failing_call_on_a_real_tree(name, package, fault_dir, capsys, mon
         harness.fail_every_call(Injector(), (errno.ENOSPC, errno.EROFS), step=sample)
         harness.kill_at_every_call(Injector(), step=3 * sample)
         harness.interrupt_at_every_call(Injector(), step=4 * sample)
+        harness.plant_at_every_call(Injector(), step=12 * sample)  # three links each: file, folder, __pycache__
         count += harness.count
     _report(capsys, f"{name} copy", count)
+
+
+# --------------------------------------------------------------------------------------------------
+# umask 0: what matrix, repair and the codemod cache write is never more open than 0755 / 0644
+
+
+def test_umask_0_runs_of_matrix_repair_and_the_codemod_cache(
+        index, demo_registry, tmp_path, monkeypatch, capsys):  # noqa: F811 - the fixture
+    """Under umask 0, `mkdir` makes 0777 folders and pip 0666 files: a release cache, a wheel or a codemod
+    cache (pickles) anyone could edit. `toolkit matrix`, a `repair` that downloads the release's wheel, and
+    an apply that fills the codemod cache, all under umask 0: every folder they make is 0755, every file
+    0644 at most, and the engine's files keep their release modes."""
+    from tests.toolkit.test_cache_trust import assert_never_more_open
+    from toolkit import cli, releases
+    from toolkit.engine import transform, transform_cache
+    from toolkit.engine.repair import repair
+
+    codemods = tmp_path / "codemods" / "nested"
+    monkeypatch.setenv(transform_cache.CACHE_ENV, str(codemods))
+    roots = transform_cache._roots()  # the demo transformers counted as this distribution's own code
+    monkeypatch.setattr(transform_cache, "_roots", lambda: [*roots, Path(demo_patches.__file__).resolve().parent])
+    transform.forget()
+    (index / "sglang-0.5.9-py3-none-any.whl").chmod(0o666)  # as a download under umask 0 leaves it
+    site = _site_with_record(tmp_path / "site")
+    installed = load_source(site).as_installed()
+    release_modes = {p: stat.S_IMODE(p.lstat().st_mode) for p in (site / "sglang").rglob("*")}
+    old = os.umask(0)
+    try:
+        assert cli.main(["matrix", "sglang", "--release", "sglang==0.5.9", "--json"]) == 0
+        by_id.apply(installed, ["demo", "second"])  # the codemods' results kept on disk
+        shutil.rmtree(StateDir(site, "sglang").backup_root)  # repair must fetch the release's wheel
+        result = repair(installed)
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    assert set(result.restored.values()) == {"release"}, result.restored
+    assert list(codemods.iterdir()), "the codemod cache was written"
+    for root in (releases.cache_dir(), tmp_path / "codemods"):
+        assert_never_more_open(root)
+        assert {stat.S_IMODE(p.lstat().st_mode) for p in [root, *root.rglob("*")] if p.is_dir()} == {0o755}, root
+    assert list((releases.cache_dir() / "wheels").glob("*.whl")), "repair's wheel is cached"
+    assert {p: stat.S_IMODE(p.lstat().st_mode) for p in (site / "sglang").rglob("*")} == release_modes

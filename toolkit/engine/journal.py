@@ -39,6 +39,7 @@ _after_file_write: Callable[[str], None] | None = None
 def write_all_or_nothing(
     state: StateDir, old_raw: bytes | None, journal: Manifest, final: Manifest | None,
     changes: list[FileChange], new_backups: dict[str, bytes], package_dir: Path | None = None,
+    backup_modes: dict[str, int] | None = None,
 ) -> None:
     """All or nothing: backups, then every new file staged and fsync'd, then the journal, then one
     rename per file, then the final manifest (the commit). A failure or a signal before the commit puts
@@ -53,7 +54,7 @@ def write_all_or_nothing(
             for relpath, data in sorted(new_backups.items()):
                 step = ("back up the original in", state.backup_path(relpath))
                 backups_written.append(relpath)  # before: a backup may exist the moment it is written
-                state.write_backup(relpath, data)
+                state.write_backup(relpath, data, (backup_modes or {}).get(relpath, FILE_MODE))
                 signals.check()
             for change in changes:
                 step = ("stage the new", change.path)
@@ -105,7 +106,7 @@ def _roll_back(
     not its rename was seen to finish. A new backup goes only once the file it backs holds its bytes."""
     for tmp_name in staged.values():
         with contextlib.suppress(OSError):
-            fs.unlink(tmp_name)
+            fs.discard_temp(tmp_name)
     try:
         for change in reversed(changes):
             now = read_or_none(change.path)
@@ -132,14 +133,21 @@ def _roll_back(
 def _write_error(exc: OSError, step: tuple[str, Path], rollback_error: BaseException | None) -> PatchError:
     verb, path = step
     named = str(exc.filename or "")  # a temp file's name means nothing to the user: name the file it stands for
-    what = io_error(exc, f"cannot {verb}", named if named and not named.endswith(fs.TEMP_SUFFIX) else path)
+    what: object = io_error(exc, f"cannot {verb}", named if named and not named.endswith(fs.TEMP_SUFFIX) else path)
+    if isinstance(exc, fs.LinkInTheWay):
+        what = (f"{exc.filename} became a symbolic link while toolkit was writing, and toolkit never writes "
+                "through or over a link (replace it by a copy of what it points to and run the command again)")
     if rollback_error is None:
         return PatchError(f"{what}; every file was put back as it was, nothing changed")
-    undo = io_error(rollback_error, "at", rollback_error.filename) if isinstance(rollback_error, OSError) \
-        else rollback_error
+    undo: object = rollback_error
+    once = "once the disk is writable"
+    if isinstance(rollback_error, fs.LinkInTheWay):
+        undo, once = f"{rollback_error.filename} is a symbolic link", "once the link is a copy of what it points to"
+    elif isinstance(rollback_error, OSError):
+        undo = io_error(rollback_error, "at", rollback_error.filename)
     return PatchError(
         f"{what}; putting the files back failed too ({undo}); each file is whole (original or patched) and the "
-        "manifest records the run: `toolkit apply-patch` or `toolkit revert` finishes it once the disk is writable"
+        f"manifest records the run: `toolkit apply-patch` or `toolkit revert` finishes it {once}"
     )
 
 

@@ -23,8 +23,8 @@ from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.engine.journal import FileChange, clear_orphans, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in  # noqa: F401
 from toolkit.engine.versions import applicable
-from toolkit.engine.plan import (Plan, check_install, edited_files, engine_file, make_plan, refuse_links,
-                          stale_manifest)
+from toolkit.engine.plan import (Plan, check_install, edited_files, engine_file, link_refused, make_plan,
+                                 refuse_links, stale_manifest)
 from toolkit.engine.state import Manifest, StateDir
 from toolkit.engine.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
                             RUNTIME_MISSING, PatchState, PatchStateName)
@@ -79,10 +79,15 @@ def reconcile(
     state = StateDir(engine.site_dir, engine.engine)
     try:
         refuse_links(engine, edited_files(engine, catalog))  # before the lock: a refusal writes nothing at all
-        if dry_run:  # a dry run writes nothing at all, not even the lock file
-            return _reconcile_locked(engine, catalog, state, add, remove, force, True)
-        with state.lock(lock_timeout):
-            return _reconcile_locked(engine, catalog, state, add, remove, force, False)
+        # every write from here on walks down from site-packages following no link: one planted while the
+        # codemods run is refused at the write, which puts back what it had written
+        with fs.confined(engine.site_dir):
+            if dry_run:  # a dry run writes nothing at all, not even the lock file
+                return _reconcile_locked(engine, catalog, state, add, remove, force, True)
+            with state.lock(lock_timeout):
+                return _reconcile_locked(engine, catalog, state, add, remove, force, False)
+    except fs.LinkInTheWay as exc:  # met under the lock before any write (a file's mode read without following)
+        raise link_refused(engine, exc.filename) from None
     except OSError as exc:
         raise io_error(exc, "cannot read") from None
 
@@ -113,7 +118,8 @@ def carry_out(state: StateDir, plan: Plan) -> None:
             clear_orphans(state, Path(plan.package_dir))
     if plan.write is not None:
         write = plan.write
-        write_all_or_nothing(state, write.old_raw, write.journal, write.final, plan.changes, write.new_backups, write.package_dir)
+        write_all_or_nothing(state, write.old_raw, write.journal, write.final, plan.changes, write.new_backups,
+                             write.package_dir, write.backup_modes)
 
 
 def _sweep_temps(engine: InstalledEngine, catalog: Catalog, state: StateDir, manifest: Manifest | None) -> None:

@@ -46,22 +46,31 @@ def edited_files(engine: InstalledEngine, catalog: Catalog) -> set[str]:
 
 def refuse_links(engine: InstalledEngine, relpaths: Iterable[str]) -> None:
     """A symbolic link at the package directory, or at any folder or file on the way to a file in
-    ``relpaths``, is refused before anything is written: a rename over a link leaves a regular file (with
-    the link's mode, 0777) and never the link again, and a linked folder puts the files outside
-    site-packages, out of reach of the backups' relative path and of pip's RECORD beside them."""
+    ``relpaths``, or at the ``__pycache__`` beside it, is refused before anything is written: a rename over
+    a link leaves a regular file (with the link's mode, 0777) and never the link again, a linked folder
+    puts the files outside site-packages, out of reach of the backups' relative path and of pip's RECORD
+    beside them, and a linked ``__pycache__`` would have bytecode deleted outside them. A link that appears
+    later, while the run writes, is refused by the writes themselves (``fs.confined``)."""
     checked: set[str] = set()
     for relpath in sorted(relpaths):
         path = engine_file(engine, relpath)
         folder = str(path.parent)  # the folders of most files are those of the file before
-        link = None if folder in checked else fs.first_link(engine.site_dir, folder)
+        link = None
+        if folder not in checked:
+            link = fs.first_link(engine.site_dir, folder) or fs.first_link(folder, path.parent / "__pycache__")
         checked.add(folder)
         link = link or fs.first_link(folder, path)
         if link is not None:
-            raise PatchError(
-                f"{link} is a symbolic link in {engine.distribution} {engine.version}; toolkit writes only real "
-                f"files inside {engine.site_dir}, never through or over a link (a link would come back as a "
-                "regular file, a linked folder would put the files outside site-packages): replace the link by "
-                "a copy of what it points to and run the command again; nothing was written")
+            raise link_refused(engine, link)
+
+
+def link_refused(engine: InstalledEngine, link: str | None) -> PatchError:
+    """The refusal of a symbolic link found where a run reads a file's mode, writes or deletes."""
+    return PatchError(
+        f"{link} is a symbolic link in {engine.distribution} {engine.version}; toolkit writes only real "
+        f"files inside {engine.site_dir}, never through or over a link (a link would come back as a "
+        "regular file, a linked folder would put the files outside site-packages): replace the link by "
+        "a copy of what it points to and run the command again; nothing was written")
 
 
 def file_state(current: str | None, record: FileRecord) -> str:
@@ -132,9 +141,10 @@ def _recorded_original(engine: InstalledEngine, state: StateDir, relpath: str, r
 
 def _wanted_contents(
     engine: InstalledEngine, catalog: Catalog, state: StateDir, manifest: Manifest | None, target: list[Patch],
-    scope: set[str],
+    scope: set[str], modes: dict[str, int],
 ) -> tuple[dict[str, bytes], dict[str, bytes], dict[str, list[str]]]:
-    """Original and wanted bytes of every file in ``scope``, and which patches edit it."""
+    """Original and wanted bytes of every file in ``scope``, and which patches edit it; ``modes`` gets the
+    mode of each original read from the engine (its backup keeps it)."""
     edits_by_file: dict[str, list[tuple[Patch, FileEdit]]] = {}
     for patch in target:
         for edit in patch.files_for(engine.version):
@@ -148,7 +158,7 @@ def _wanted_contents(
             continue
         path = engine_file(engine, relpath)
         try:
-            originals[relpath] = fs.read_bytes(path)
+            originals[relpath], modes[relpath] = fs.read_file(path)
         except (FileNotFoundError, NotADirectoryError):
             owner = edits_by_file[relpath][0][0].id if relpath in edits_by_file else "?"
             raise PatchError(
@@ -209,6 +219,7 @@ class Write:
     final: Manifest | None
     new_backups: dict[str, bytes]
     package_dir: Path | None = None  # where the files the new backups back are
+    backup_modes: dict[str, int] = field(default_factory=dict)  # each new backup's mode (default 0644)
 
 
 @dataclass
@@ -269,7 +280,8 @@ def make_plan(
     else:
         scope = {e.relpath for p in catalog.patches if p.id in changing for e in p.files_for(engine.version)}
         scope = (scope | {r for r, rec in manifest.files.items() if set(rec.patches) & changing}) & every_file
-    originals, wanted, patch_ids = _wanted_contents(engine, catalog, state, manifest, target, scope)
+    modes: dict[str, int] = {}
+    originals, wanted, patch_ids = _wanted_contents(engine, catalog, state, manifest, target, scope, modes)
 
     current_sha = {relpath: sha256_file(engine_file(engine, relpath)) for relpath in wanted}
     _refuse_drift(engine, manifest, originals, current_sha, force, reverting)
@@ -278,8 +290,7 @@ def make_plan(
     for relpath, data in sorted(wanted.items()):
         if current_sha[relpath] != sha256_bytes(data):
             path = engine_file(engine, relpath)
-            current = read_or_none(path)
-            mode = fs.file_mode(path) if current is not None else None
+            current, mode = fs.read_or_none_with_mode(path)  # the file's own mode, never a link's
             changes.append(FileChange(relpath, path, current, data, FILE_MODE if mode is None else mode))
     # the registered patches' files were looked at before the lock (engine.reconcile); a file only the
     # manifest names (a patch no longer registered) is looked at here, still before any write
@@ -309,7 +320,10 @@ def make_plan(
         prior = sorted(({old.after, *old.prior} if old else set()) - {after})
         journal.files[relpath] = FileRecord(sha256_bytes(originals[relpath]), after, patch_ids[relpath], prior)
     new_backups = {r: originals[r] for r in scope if patch_ids[r] and not (manifest and r in manifest.files)}
-    return Plan(target_ids, changes, Write(old_raw, journal, final, new_backups, Path(engine.package_dir)))
+    # a backup is never more open than its file (a 0600 release file's backup is 0600), nor than 0644
+    backup_modes = {r: modes.get(r, FILE_MODE) & FILE_MODE for r in new_backups}
+    return Plan(target_ids, changes, Write(old_raw, journal, final, new_backups, Path(engine.package_dir),
+                                           backup_modes))
 
 
 def _refuse_unrecorded_marks(engine: InstalledEngine, catalog: Catalog, reverting: bool) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,12 +25,13 @@ from typing import Callable
 
 from toolkit.engine import patching as _engine
 from toolkit import patch_registry, releases
+from toolkit.base.cache_files import fresh_private_folder, restrict
 from toolkit.engine import fs
 from toolkit.engine.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
 from toolkit.errors import CorruptManifest, PatchError, io_error
-from toolkit.engine.journal import FileChange, read_or_none, write_all_or_nothing
+from toolkit.engine.journal import FileChange, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in
-from toolkit.engine.plan import engine_file, refuse_links
+from toolkit.engine.plan import engine_file, link_refused, refuse_links
 from toolkit.engine.sources import SourceTree, load_source
 from toolkit.engine.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.base.version import __version__
@@ -81,11 +83,19 @@ def pip_download(python: str) -> FetchRelease:
         found = [wheel for wheel in sorted(cache.glob(f"{stem}*.whl")) if _whole_or_dropped(wheel)]
         if not found:
             fs.make_dirs(cache)  # 0755 whatever the umask: no one else puts a wheel there
-            proc = subprocess.run(
-                [python or sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                 "-d", str(cache), f"{distribution}=={version}"],
-                capture_output=True, text=True, check=False, errors="replace",
-            )
+            partial = cache / f".partial-{distribution}-{version}"
+            fresh_private_folder(partial)  # 0700: pip's wheel (0666 under umask 0) is reachable by no one
+            try:
+                proc = subprocess.run(
+                    [python or sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                     "-d", str(partial), f"{distribution}=={version}"],
+                    capture_output=True, text=True, check=False, errors="replace",
+                )
+                for wheel in partial.glob(f"{stem}*.whl"):
+                    restrict(wheel)  # 0644 at most, whatever the umask
+                    os.replace(wheel, cache / wheel.name)
+            finally:
+                shutil.rmtree(partial, ignore_errors=True)
             found = sorted(cache.glob(f"{stem}*.whl"))
             if proc.returncode != 0 or not found:
                 last = (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]
@@ -119,7 +129,7 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
     result = RepairResult(engine.engine, engine.distribution, engine.version)
     expected = record_hashes(engine)
     try:
-        with state.lock(lock_timeout):
+        with fs.confined(engine.site_dir), state.lock(lock_timeout):  # writes follow no link (fs.confined)
             old_raw = state.read_manifest_bytes()
             try:
                 manifest = state.parse_manifest(old_raw) if old_raw is not None else None
@@ -145,14 +155,15 @@ def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
                     continue
                 data, origin = _verified_bytes(state, release, relpath, want)
                 result.restored[relpath] = origin
-                mode = fs.file_mode(path)
-                changes.append(FileChange(relpath, path, read_or_none(path), data,
-                                                  0o644 if mode is None else mode))
+                refuse_links(engine, [relpath])  # only what it writes: reading is fine
+                now, mode = fs.read_or_none_with_mode(path)  # the file's own mode, never a link's
+                changes.append(FileChange(relpath, path, now, data, 0o644 if mode is None else mode))
             if not changes and old_raw is None and not state.backup_root.exists():
                 return result
-            refuse_links(engine, [change.relpath for change in changes])  # only what it writes: reading is fine
             write_all_or_nothing(state, old_raw, journal, None, changes, {})
             result.cleared_state = True
+    except fs.LinkInTheWay as exc:
+        raise link_refused(engine, exc.filename) from None
     except OSError as exc:
         raise io_error(exc, "cannot repair") from None
     return result

@@ -48,13 +48,6 @@ def sha256_file(path: Path) -> str | None:
         return None
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace ``path`` with ``data`` in one rename; keep ``mode`` (default: the current file's, or 0644)."""
-    if mode is None:
-        mode = fs.file_mode(path)
-    fs.atomic_write(path, data, FILE_MODE if mode is None else mode)
-
-
 def remove_stale_bytecode(source: Path) -> None:
     """Delete every cached bytecode of ``source`` so that no process runs the old code from cache: in
     ``__pycache__``, ``<stem>.<tag>.pyc`` for any interpreter tag and ``<stem>.<tag>.opt-N.pyc`` for any
@@ -284,11 +277,12 @@ class StateDir:
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
 
-    def write_backup(self, relpath: str, data: bytes) -> None:
+    def write_backup(self, relpath: str, data: bytes, mode: int = FILE_MODE) -> None:
+        """The backup of ``relpath``, with ``mode`` (its file's, never more open than 0644)."""
         path = self.backup_path(relpath)
         self.make_dirs(path.parent)
         self.refuse_links(path)
-        fs.atomic_write(path, data, FILE_MODE)
+        fs.atomic_write(path, data, mode & FILE_MODE)
 
     def backup_relpaths(self) -> list[str]:
         """The files under ``backups/`` (a run's temp files aside), as paths inside the engine package."""
