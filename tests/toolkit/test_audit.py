@@ -67,7 +67,10 @@ def fake_release(dist: str, version: str, files: dict[str, str]) -> None:
     info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-    (root / releases.SLIM_MARKER).write_text(json.dumps({"from": "test", "requested": ["v1/mod.py", "v1/mod/__init__.py"]}))
+    hashes = {path.relative_to(root).as_posix(): hashlib.sha256(path.read_bytes()).hexdigest()
+              for path in root.rglob("*") if path.is_file()}
+    (root / releases.SLIM_MARKER).write_text(json.dumps(
+        {"from": "test", "requested": ["v1/mod.py", "v1/mod/__init__.py"], "sha256": hashes}))
 
 
 @pytest.fixture
