@@ -56,6 +56,12 @@ def run() -> None:
         _signals_end_at_once(False)
     if outcome.decided is not None:  # the object written says what the exit is: nothing changes it now
         code = outcome.decided
+        # Python's shutdown gives the signals their default action back (a Ctrl-C there died by SIGINT
+        # after "ok": true): blocked from here, one that comes is dropped with the process
+        import _signal
+
+        if hasattr(_signal, "pthread_sigmask"):
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP})
     sys.exit(code)
 
 

@@ -146,8 +146,10 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
     install's dist-info is elsewhere); each scores the rows of its RECORD that agree with the disk
     minus those that do not (``_record_agreement``: sizes of all rows, hashes of a bounded sample; the
     files the manifest records are skipped); the highest score owns the package, then the most rows
-    agreeing, then the lowest (name, version), so the same files always give the same answer. No
-    RECORD at all scores 0: any RECORD that mostly matches beats it."""
+    agreeing. A tie (a stale dist-info whose RECORD is a copy of the real one) goes to the claim whose
+    version the package's own ``_version.py`` states (both engines' wheels carry one), then to the highest
+    version (compared as versions: ``version_key``), then the lowest name, so the same files always give
+    the same answer. No RECORD at all scores 0: any RECORD that mostly matches beats it."""
     if len(claims) == 1:
         return claims[0]
     here = [(name, dist) for name, dist in claims
@@ -155,11 +157,48 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
     claims = here or claims
     skip = _patched_relpaths(package_dir, engine)
 
-    def rank(claim: tuple[str, "importlib.metadata.Distribution"]) -> tuple[int, int, str, str]:
+    def score(claim: tuple[str, "importlib.metadata.Distribution"]) -> tuple[int, int]:
         agree, disagree = _record_agreement(claim[1], package_dir, skip)
-        return (disagree - agree, -agree, claim[0], claim[1].version or "")
+        return disagree - agree, -agree
 
-    return min(claims, key=rank)
+    scores = [score(claim) for claim in claims]
+    tied = [claim for claim, value in zip(claims, scores) if value == min(scores)]
+    own = _own_version(package_dir)
+    tied = [claim for claim in tied if own is not None and claim[1].version == own] or tied
+    highest = max(version_key(claim[1].version or "") for claim in tied)
+    return min((claim for claim in tied if version_key(claim[1].version or "") == highest), key=lambda c: c[0])
+
+
+def _own_version(package_dir: Path) -> str | None:
+    """The version the package's files state: setuptools-scm's ``_version.py``
+    (``__version__ = version = '0.5.9'``), read as text, never run."""
+    import re
+
+    try:
+        with open(package_dir / "_version.py", encoding="utf-8", errors="replace") as handle:
+            text = handle.read(1 << 16)
+    except OSError:
+        return None
+    found = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"\n]+)['\"]", text, re.M)
+    return found.group(1) if found else None
+
+
+def version_key(version: str) -> tuple[tuple[int, ...], int, tuple[tuple[int, int | str], ...]]:
+    """An order of version strings as versions, not text ("0.5.23" after "0.5.9"; "0.5.9rc1", "0.5.9",
+    "0.5.9.post1", "0.5.9+cpu" in that order): PEP 440's for the forms engines publish. Standard library
+    only, as the probe runs in an interpreter that may not have ``packaging``."""
+    import re
+
+    found = re.match(r"\s*v?(\d+(?:\.\d+)*)(.*)", version)
+    if found is None:
+        return (), -1, ((1, version),)
+    release = tuple(int(part) for part in found.group(1).split("."))
+    while release[-1:] == (0,) and len(release) > 1:
+        release = release[:-1]  # 0.5 is 0.5.0
+    rest = found.group(2).lower()
+    kind = 0 if re.match(r"[.\-_]?(dev|a|alpha|b|beta|c|rc|pre|preview)", rest) else 1 if not rest else 2
+    natural = tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|[a-z]+", rest))
+    return release, kind, natural
 
 
 def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
