@@ -9,6 +9,7 @@ folder with a ``toolkit/`` of its own: tests/patches/vllm/tito/conftest.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -292,7 +293,7 @@ def test_a_user_toolkit_imported_before_the_engine_is_an_error_not_a_quiet_relea
     assert seen["toolkit"] == str(shadow / "__init__.py"), seen  # the user's toolkit is left as it was
     errors = _errors(stderr)
     assert len(errors) == 1, stderr
-    assert str(shadow) in errors[0] and "the patches cannot load" in errors[0] and "rename that folder" in errors[0]
+    assert str(shadow) in errors[0] and "the patches cannot load" in errors[0] and "rename it" in errors[0]
 
     seen, _ = _run_from(work, site, installed, mode="user-first", expect="tito")
     assert seen["error"] == "ImportError", seen
@@ -382,3 +383,36 @@ def test_an_installed_toolkit_of_another_version_is_refused(tmp_path):
     assert f"pip install serving-toolkit=={__version__}" in error, error
     seen, _ = _run_from(work, site, other.parent, expect="tito")
     assert seen["error"] == "ImportError" and "serving-toolkit 0.0.1" in seen["message"], seen
+
+
+# --- issue 57: the words of a shadow ----------------------------------------------------------------------
+@pytest.mark.parametrize("shape", ["package", "module"])
+def test_a_shadow_on_pythonpath_of_an_installed_toolkit_gets_no_pip_advice(tmp_path, shape):
+    """A `toolkit` earlier on sys.path (PYTHONPATH) than the installed serving-toolkit of the right version:
+    the error names it and says to take it off sys.path, never to `pip install` what is installed; a
+    `toolkit.py` is called a file, not a folder."""
+    from toolkit import __version__
+
+    site, work, installed = _setup(tmp_path)
+    info = installed / f"serving_toolkit-{__version__}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: serving-toolkit\nVersion: {__version__}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shadow = _user_toolkit(elsewhere, shape)
+    driver = f"import sys; sys.path.insert(0, {str(elsewhere)!r})\n" + SHADOW_DRIVER  # as PYTHONPATH puts it
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TOOLKIT_EXPECT_PATCHES")}
+    env.update(SITE=str(site), INSTALLED=str(installed), MODE="")
+    proc = subprocess.run([sys.executable, "-S", "-c", driver], capture_output=True, text=True, timeout=60, cwd=work,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    (error,) = _errors(proc.stderr)
+    assert str(shadow) in error and "off sys.path (PYTHONPATH)" in error and "pip install" not in error, error
+    assert "folder" not in error if shape == "module" else True, error
+
+
+def test_a_toolkit_py_of_the_working_directory_is_called_a_file(tmp_path):
+    site, work, installed = _setup(tmp_path)
+    shadow = _user_toolkit(work, "module")
+    _, stderr = _run_from(work, site, installed)
+    assert f"{shadow}, a file of the working directory, shadows serving-toolkit" in stderr, stderr

@@ -242,7 +242,12 @@ def interpreter(python: str | None) -> str | None:
 
     if not python.strip() or "\x00" in python:
         raise UsageError(f"{python!r} is not a path to a Python interpreter")
-    path = os.path.abspath(os.path.expanduser(python))
+    expanded = os.path.expanduser(python)
+    if python.startswith("~") and expanded == python:  # ~user of no one: never a path under the cwd
+        user = python[1:].split(os.sep)[0]
+        raise UsageError(f"interpreter not found: {python} ("
+                         + (f"no user {user!r} on this machine)" if user else "HOME is not set)"))
+    path = os.path.abspath(expanded)
     if os.path.isdir(path):
         inside = os.path.join(path, "bin", "python")
         if not os.path.exists(inside):

@@ -102,12 +102,13 @@ def {helper}(missing, backup, package="toolkit", _loaded=frozenset(__import__("s
     if found is not None:
         homes = [str(place) for place in (getattr(found, "__path__", None) or ())] or [str(getattr(found, "__file__", "") or "?")]
         folder = homes[0]
+        of_here = ("a folder" if getattr(found, "__path__", None) is not None else "a file") + " of the working directory"
         if any(os.path.dirname(os.path.realpath(place)) in here for place in homes):
             if top in _loaded:
-                why, loud = (f"the {{top!r}} that code of this process imported before {engine} is {{folder}} (a folder of "
-                             f"the working directory, not {{title}}), so the patches cannot load in this process"), True
+                why, loud = (f"the {{top!r}} that code of this process imported before {engine} is {{folder}} ({{of_here}}, "
+                             f"not {{title}}), so the patches cannot load in this process"), True
                 why += f" (it holds {{seen}})" if stale else ""
-                fix = f"rename that folder, or start {engine} from another directory"
+                fix = f"rename it, or start {engine} from another directory"
             else:
                 drop()
                 path = list(sys.path)
@@ -120,12 +121,12 @@ def {helper}(missing, backup, package="toolkit", _loaded=frozenset(__import__("s
                 except (ImportError, AttributeError) as error:
                     drop()
                     if not (isinstance(error, ModuleNotFoundError) and error.name == top):  # installed, cannot load
-                        why, loud = (f"{{folder}}, a folder of the working directory, shadows {{title}}, and the installed "
+                        why, loud = (f"{{folder}}, {{of_here}}, shadows {{title}}, and the installed "
                                      f"{{title}} cannot load {{package}}.runtime ({{error}})"), True
                     elif stale:
-                        why, loud = f"{{folder}}, a folder of the working directory, holds {{seen}}, and no other {{title}} is installed", True
+                        why, loud = f"{{folder}}, {{of_here}}, holds {{seen}}, and no other {{title}} is installed", True
                 else:
-                    logger.warning(f"{{folder}}, a folder of the working directory, shadows {{title}} on sys.path: "
+                    logger.warning(f"{{folder}}, {{of_here}}, shadows {{title}} on sys.path: "
                                    f"the patched {engine} imported its runtime from the installed {{title}} instead "
                                    f"({{os.path.dirname(getattr(sys.modules.get(top), '__file__', None) or '?')}})")
                     return runtime
@@ -134,6 +135,14 @@ def {helper}(missing, backup, package="toolkit", _loaded=frozenset(__import__("s
         else:
             why, loud = f"the {{top!r}} imported here ({{folder}}) " + (f"is {{seen}}" if stale else f"has no {{missing.name}}"), True
             fix = f"run `pip install serving-toolkit=={version}` (the version that patched this file) or `toolkit revert {engine}`"
+            try:  # installed as it should be, and shadowed by an entry of sys.path (PYTHONPATH): no pip install
+                import importlib.metadata
+                shadowed = importlib.metadata.version("serving-toolkit") == "{version}" and top == "toolkit"
+            except Exception:
+                shadowed = False
+            if shadowed:
+                fix = (f"take {{os.path.dirname(folder)}} off sys.path (PYTHONPATH) or rename {{folder}}: it comes "
+                       f"before the installed serving-toolkit {version}")
     if os.environ.get("TOOLKIT_EXPECT_PATCHES", "").strip():
         raise ImportError(f"{{__name__}} was patched by {{title}}, but {{why}}, and TOOLKIT_EXPECT_PATCHES is set, so "
                           f"{engine} refuses to start without its patches: {{fix}}") from None

@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,9 @@ def remove_stale_bytecode(source: Path) -> None:
     """Delete every cached bytecode of ``source`` so that no process runs the old code from cache: in
     ``__pycache__``, ``<stem>.<tag>.pyc`` for any interpreter tag and ``<stem>.<tag>.opt-N.pyc`` for any
     optimisation level (an unchecked-hash one is trusted without a look at the source), and a legacy
-    ``<stem>.pyc`` beside it."""
+    ``<stem>.pyc`` beside it; and under ``PYTHONPYCACHEPREFIX`` (``sys.pycache_prefix`` of this process)
+    the same names in the prefix's mirror of the source's folder, where such a process writes them."""
+    _remove_prefixed_bytecode(source)
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         fs.unlink(source.with_suffix(".pyc"))
     cache_dir = source.parent / "__pycache__"
@@ -71,6 +74,24 @@ def remove_stale_bytecode(source: Path) -> None:
         if is_bytecode_of(source.stem, name):
             with contextlib.suppress(FileNotFoundError):
                 fs.unlink(cache_dir / name)
+
+
+def _remove_prefixed_bytecode(source: Path) -> None:
+    """The bytecode of ``source`` under this process's pycache prefix (none unset): the prefix mirrors
+    the source's folder as the importing process named it, so both the path as given and resolved."""
+    prefix = sys.pycache_prefix
+    if not prefix:
+        return
+    for folder in dict.fromkeys((source.parent.absolute(), source.parent.resolve())):
+        cache_dir = Path(prefix) / str(folder).lstrip(os.sep)
+        try:
+            names = fs.listdir(cache_dir)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for name in names:
+            if is_bytecode_of(source.stem, name):
+                with contextlib.suppress(FileNotFoundError):
+                    fs.unlink(cache_dir / name)
 
 
 def is_bytecode_of(stem: str, name: str) -> bool:
