@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import sys
 
+# the C module: ``signal`` builds its enums in Python first, time a signal can land in (no stubs exist)
+import _signal  # type: ignore[import-not-found]
+
 from toolkit.base import outcome
 
 
@@ -58,8 +61,6 @@ def run() -> None:
         code = outcome.decided
         # Python's shutdown gives the signals their default action back (a Ctrl-C there died by SIGINT
         # after "ok": true): blocked from here, one that comes is dropped with the process
-        import _signal
-
         if hasattr(_signal, "pthread_sigmask"):
             _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP})
     sys.exit(code)
@@ -68,9 +69,6 @@ def run() -> None:
 def _signals_end_at_once(verify: bool) -> None:
     """From now on SIGINT, SIGTERM and SIGHUP end the process with one outcome (unless ignored or set by
     the embedding program); for ``verify`` they raise ``KeyboardInterrupt`` instead."""
-    # the C module: ``signal`` builds its enums in Python first, time a signal can land in (no stubs exist)
-    import _signal  # type: ignore[import-not-found]
-
     outcome.flush()
     ours = (_signal.default_int_handler, outcome.on_signal)
     try:
