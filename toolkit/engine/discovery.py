@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -146,10 +147,9 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
     install's dist-info is elsewhere); each scores the rows of its RECORD that agree with the disk
     minus those that do not (``_record_agreement``: sizes of all rows, hashes of a bounded sample; the
     files the manifest records are skipped); the highest score owns the package, then the most rows
-    agreeing. A tie (a stale dist-info whose RECORD is a copy of the real one) goes to the claim whose
-    version the package's own ``_version.py`` states (both engines' wheels carry one), then to the highest
-    version (compared as versions: ``version_key``), then the lowest name, so the same files always give
-    the same answer. No RECORD at all scores 0: any RECORD that mostly matches beats it."""
+    agreeing; a tie (a stale dist-info with a copy of the real RECORD) to the version the package's own
+    ``_version.py`` states, then the highest version (``version_key``), then the lowest name: the same files
+    always give the same answer. No RECORD at all scores 0: any RECORD that mostly matches beats it."""
     if len(claims) == 1:
         return claims[0]
     here = [(name, dist) for name, dist in claims
@@ -157,11 +157,7 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
     claims = here or claims
     skip = _patched_relpaths(package_dir, engine)
 
-    def score(claim: tuple[str, "importlib.metadata.Distribution"]) -> tuple[int, int]:
-        agree, disagree = _record_agreement(claim[1], package_dir, skip)
-        return disagree - agree, -agree
-
-    scores = [score(claim) for claim in claims]
+    scores = [(disagree - agree, -agree) for agree, disagree in (_record_agreement(d, package_dir, skip) for _, d in claims)]
     tied = [claim for claim, value in zip(claims, scores) if value == min(scores)]
     own = _own_version(package_dir)
     tied = [claim for claim in tied if own is not None and claim[1].version == own] or tied
@@ -170,13 +166,9 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
 
 
 def _own_version(package_dir: Path) -> str | None:
-    """The version the package's files state: setuptools-scm's ``_version.py``
-    (``__version__ = version = '0.5.9'``), read as text, never run."""
-    import re
-
+    """The version the package's setuptools-scm ``_version.py`` states (``__version__ = version = '0.5.9'``), read."""
     try:
-        with open(package_dir / "_version.py", encoding="utf-8", errors="replace") as handle:
-            text = handle.read(1 << 16)
+        text = (package_dir / "_version.py").read_text(encoding="utf-8", errors="replace")[:1 << 16]
     except OSError:
         return None
     found = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"\n]+)['\"]", text, re.M)
@@ -184,11 +176,8 @@ def _own_version(package_dir: Path) -> str | None:
 
 
 def version_key(version: str) -> tuple[tuple[int, ...], int, tuple[tuple[int, int | str], ...]]:
-    """An order of version strings as versions, not text ("0.5.23" after "0.5.9"; "0.5.9rc1", "0.5.9",
-    "0.5.9.post1", "0.5.9+cpu" in that order): PEP 440's for the forms engines publish. Standard library
-    only, as the probe runs in an interpreter that may not have ``packaging``."""
-    import re
-
+    """Version strings ordered as versions, not text ("0.5.9.dev1" < "0.5.9rc1" < "0.5.9" < "0.5.9+cpu" <
+    "0.5.9.post1" < "0.5.23"), PEP 440's order for what engines publish; stdlib only (the probe's)."""
     found = re.match(r"\s*v?(\d+(?:\.\d+)*)(.*)", version)
     if found is None:
         return (), -1, ((1, version),)
@@ -197,8 +186,7 @@ def version_key(version: str) -> tuple[tuple[int, ...], int, tuple[tuple[int, in
         release = release[:-1]  # 0.5 is 0.5.0
     rest = found.group(2).lower()
     kind = 0 if re.match(r"[.\-_]?(dev|a|alpha|b|beta|c|rc|pre|preview)", rest) else 1 if not rest else 2
-    natural = tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.findall(r"\d+|[a-z]+", rest))
-    return release, kind, natural
+    return release, kind, tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.findall(r"\d+|[a-z]+", rest))
 
 
 def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:

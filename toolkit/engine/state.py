@@ -22,13 +22,13 @@ import hashlib
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from toolkit.engine import fs
+from toolkit.engine.bytecode_prefix import remove_under_prefix
 from toolkit.errors import CorruptManifest, LockTimeout, PatchError, io_error
 
 MANIFEST_FORMAT = 1
@@ -62,7 +62,7 @@ def remove_stale_bytecode(source: Path) -> None:
     optimisation level (an unchecked-hash one is trusted without a look at the source), and a legacy
     ``<stem>.pyc`` beside it; and under ``PYTHONPYCACHEPREFIX`` (``sys.pycache_prefix`` of this process)
     the same names in the prefix's mirror of the source's folder, where such a process writes them."""
-    _remove_prefixed_bytecode(source)
+    remove_under_prefix(source, is_bytecode_of)
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         fs.unlink(source.with_suffix(".pyc"))
     cache_dir = source.parent / "__pycache__"
@@ -74,24 +74,6 @@ def remove_stale_bytecode(source: Path) -> None:
         if is_bytecode_of(source.stem, name):
             with contextlib.suppress(FileNotFoundError):
                 fs.unlink(cache_dir / name)
-
-
-def _remove_prefixed_bytecode(source: Path) -> None:
-    """The bytecode of ``source`` under this process's pycache prefix (none unset): the prefix mirrors
-    the source's folder as the importing process named it, so both the path as given and resolved."""
-    prefix = sys.pycache_prefix
-    if not prefix:
-        return
-    for folder in dict.fromkeys((source.parent.absolute(), source.parent.resolve())):
-        cache_dir = Path(prefix) / str(folder).lstrip(os.sep)
-        try:
-            names = fs.listdir(cache_dir)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for name in names:
-            if is_bytecode_of(source.stem, name):
-                with contextlib.suppress(FileNotFoundError):
-                    fs.unlink(cache_dir / name)
 
 
 def is_bytecode_of(stem: str, name: str) -> bool:
