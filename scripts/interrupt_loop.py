@@ -77,8 +77,8 @@ def _in_start_up(err: str) -> bool:
     """A traceback whose toolkit frames are all start-up: the package's __init__ (and what it imports)
     and __main__ before its handler is in place; none of the command line itself."""
     frames = re.findall(r'File "[^"]*/toolkit/([\w/.]+)", line \d+, in (\S+)', err)
-    start = {"__init__.py", "lazy.py", "version.py"}
-    return all(path in start or (path == "__main__.py" and func in ("<module>", "run", "_ctrl_c_ends_at_once"))
+    start = {"__init__.py", "lazy.py", "version.py", "base/__init__.py", "base/outcome.py"}
+    return all(path in start or (path == "__main__.py" and func in ("<module>", "run", "_signals_end_at_once"))
                for path, func in frames) and not any(path.startswith("cli") for path, _ in frames)
 
 

@@ -1,35 +1,45 @@
 """``python -m toolkit`` and the ``toolkit`` console script (``toolkit.__main__:run``).
 
-Kept light on purpose: a Ctrl-C while rich and the command line load, or a reader that closes the pipe
-(``toolkit status --json | head -1``), ends in one word or in silence, never in a traceback.
+Kept light on purpose: a signal while rich and the command line load, or a reader that closes the pipe
+(``toolkit status --json | head -1``), ends in one word (or, with ``--json``, one object) or in silence,
+never in a traceback.
 
-Ctrl-C ends a command at once ("interrupted", exit 130) instead of raising ``KeyboardInterrupt``
-wherever Python happens to be: raised inside an import or a weakref callback, that exception is only
-reported ("Exception ignored in ...") and the command goes on. Nothing is lost by ending at once: the
-patch engine holds signals while it writes (``toolkit.engine.interrupts``), puts every file back, then hands
-the signal on to this handler. ``verify`` keeps ``KeyboardInterrupt`` until it is done, so that it
-stops the server it started.
+Ctrl-C, SIGTERM and SIGHUP end a command at once ("interrupted", exit 130) instead of raising
+``KeyboardInterrupt`` wherever Python happens to be: raised inside an import or a weakref callback, that
+exception is only reported ("Exception ignored in ...") and the command goes on. The handler
+(``toolkit.base.outcome.on_signal``) is installed before anything heavy is imported, so that from the
+first line of toolkit's code every exit is one outcome: under ``--json`` one object on stdout whose
+``"ok"`` is true exactly when the exit code is 0. Nothing is lost by ending at once: the patch engine holds
+signals while it writes (``toolkit.engine.interrupts``), puts every file back, then hands the signal on to
+this handler. ``verify`` keeps ``KeyboardInterrupt`` (SIGTERM and SIGHUP raise it too) until it is done, so
+that it stops the server it started.
 """
 
 from __future__ import annotations
 
 import sys
 
+# the C module: ``signal`` builds its enums in Python first, time a signal can land in (no stubs exist)
+import _signal  # type: ignore[import-not-found]
+
+from toolkit.base import outcome
+
 
 def run() -> None:
-    """Run the command line and exit with its code: 130 on Ctrl-C, 141 when stdout closes early."""
-    command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), "")
-    if command != "verify":
-        _ctrl_c_ends_at_once()
+    """Run the command line and exit with its code: 130 on a signal, 141 when stdout closes early."""
+    argv = sys.argv[1:]
+    verify = next((arg for arg in argv if not arg.startswith("-")), "") == "verify"
+    outcome.JSON = "--json" in argv  # main() says it again once the arguments are parsed
+    _signals_end_at_once(verify)
     try:
         from toolkit.cli import main
 
         code = main()
         if sys.stdout is not None:  # (None: started with stdout closed, and -q)
             sys.stdout.flush()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # verify's, once it has stopped its server (main() reports it)
         sys.stderr.write("interrupted\n")
-        code = 130
+        code = outcome.INTERRUPTED_EXIT
     except BrokenPipeError:  # Python's documented recipe: no flush error at exit either
         from toolkit.cli.output import silence_stdout
 
@@ -41,49 +51,32 @@ def run() -> None:
         silence_stdout()
         sys.stderr.write(f"toolkit: {StdoutError(exc)}\n")
         code = 1
-    finally:  # also after argparse's own exits (--help, --version, a usage error), and for verify
-        _ctrl_c_ends_at_once()
+    except SystemExit as exc:  # argparse's own exits (--help, --version, a usage error)
+        if isinstance(exc.code, str):
+            sys.stderr.write(exc.code + "\n")
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:  # verify too, from here on
+        _signals_end_at_once(False)
+    if outcome.decided is not None:  # the object written says what the exit is: nothing changes it now
+        code = outcome.decided
+        # Python's shutdown gives the signals their default action back (a Ctrl-C there died by SIGINT
+        # after "ok": true): blocked from here, one that comes is dropped with the process
+        if hasattr(_signal, "pthread_sigmask"):
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP})
     sys.exit(code)
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):  # what the command printed is out before an abrupt end
-        try:
-            stream.flush()
-        except (OSError, ValueError, AttributeError):  # a closed pipe or stream: nothing more to say there
-            pass
-
-
-def _stop(signum: int, frame: object) -> None:
-    import os
-
-    output = sys.modules.get("toolkit.cli.output")  # loaded: a command is running, maybe with --json
-    if output is not None and getattr(output, "INTERRUPTED", None) is not None:
-        try:  # the one JSON object even now: "interrupted": true and what was committed before
-            output.emit_interrupted()
-        except BaseException:
-            pass
-    _flush()
+def _signals_end_at_once(verify: bool) -> None:
+    """From now on SIGINT, SIGTERM and SIGHUP end the process with one outcome (unless ignored or set by
+    the embedding program); for ``verify`` they raise ``KeyboardInterrupt`` instead."""
+    outcome.flush()
+    ours = (_signal.default_int_handler, outcome.on_signal)
     try:
-        if sys.stdout.isatty():
-            sys.stdout.write("\x1b[?25h")  # a spinner may have hidden the cursor
-            sys.stdout.flush()
-        sys.stderr.write("interrupted\n")
-        sys.stderr.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
-    os._exit(130)
-
-
-def _ctrl_c_ends_at_once() -> None:
-    """From now on Ctrl-C ends the process with 130 and one word (unless SIGINT is ignored)."""
-    # the C module: ``signal`` builds its enums in Python first, time a Ctrl-C can land in (no stubs exist)
-    import _signal  # type: ignore[import-not-found]
-
-    _flush()
-    try:
-        if _signal.getsignal(_signal.SIGINT) in (_signal.default_int_handler, _stop):
-            _signal.signal(_signal.SIGINT, _stop)
+        for signum, stock in ((_signal.SIGINT, _signal.default_int_handler), (_signal.SIGTERM, _signal.SIG_DFL),
+                              (_signal.SIGHUP, _signal.SIG_DFL)):
+            current = _signal.getsignal(signum)
+            if current is stock or current in ours:
+                _signal.signal(signum, _signal.default_int_handler if verify else outcome.on_signal)
     except ValueError:  # not the main thread
         pass
 

@@ -366,4 +366,6 @@ def test_ctrl_c_inside_an_import_ends_the_command_instead_of_being_swallowed():
             "sys.meta_path.insert(0, Finder())\n")
     script = hook + "sys.argv = ['toolkit', 'list', '--json']\nfrom toolkit.__main__ import run\nrun()\n"
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "interrupted\n", ""), (proc.returncode, proc.stderr)
+    assert (proc.returncode, proc.stderr) == (130, "interrupted\n"), (proc.returncode, proc.stderr)
+    payload = json.loads(proc.stdout)  # --json: the one object even this early (issue 57)
+    assert payload["ok"] is False and payload["kind"] == "interrupted" and "patches" not in payload

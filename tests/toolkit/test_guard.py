@@ -9,6 +9,7 @@ folder with a ``toolkit/`` of its own: tests/patches/vllm/tito/conftest.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -292,7 +293,7 @@ def test_a_user_toolkit_imported_before_the_engine_is_an_error_not_a_quiet_relea
     assert seen["toolkit"] == str(shadow / "__init__.py"), seen  # the user's toolkit is left as it was
     errors = _errors(stderr)
     assert len(errors) == 1, stderr
-    assert str(shadow) in errors[0] and "the patches cannot load" in errors[0] and "rename that folder" in errors[0]
+    assert str(shadow) in errors[0] and "the patches cannot load" in errors[0] and "rename it" in errors[0]
 
     seen, _ = _run_from(work, site, installed, mode="user-first", expect="tito")
     assert seen["error"] == "ImportError", seen
@@ -329,3 +330,89 @@ def test_an_installed_toolkit_without_the_runtime_is_an_error(tmp_path):
     errors = _errors(stderr)
     assert len(errors) == 1 and "toolkit.patches.vllm.no_such_patch" in errors[0], stderr
     assert "pip install serving-toolkit==" in errors[0], errors
+
+
+# --- issue 57: a runtime of another serving-toolkit version ------------------------------------------
+# An older serving-toolkit unpacked in the working directory (a `toolkit/` holding only its patches'
+# runtime modules, a namespace package) or installed in place of the one that patched the file: its
+# runtime imports fine, and ran quietly before. Now it is refused as a missing one is, naming the folder
+# and both versions.
+def _stale_toolkit(where: Path, version: str | None) -> Path:
+    """A serving-toolkit of another version at ``where/toolkit``: the tito runtime only, and an
+    ``__init__.py`` saying ``version`` (None: a namespace folder, as an unpacked sdist's patches)."""
+    runtime = where / "toolkit" / "patches" / "vllm" / "tito"
+    runtime.mkdir(parents=True)
+    (runtime / "runtime.py").write_text("OLD = True\n")
+    if version is not None:
+        (where / "toolkit" / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    return where / "toolkit"
+
+
+def test_an_older_runtime_in_the_working_directory_is_refused_naming_both_versions(tmp_path):
+    from toolkit import __version__
+
+    site, work, _ = _setup(tmp_path, installed=False)
+    stale = _stale_toolkit(work, None)
+    seen, stderr = _run_from(work, site, None)
+    assert seen["value"] == "release" and seen["release"], (seen, stderr)
+    (error,) = _errors(stderr)
+    assert str(stale) in error and "(version unknown)" in error and f"not {__version__}" in error, error
+    seen, _ = _run_from(work, site, None, expect="tito")
+    assert seen["error"] == "ImportError" and "TOOLKIT_EXPECT_PATCHES is set" in seen["message"], seen
+    assert str(stale) in seen["message"] and f"not {__version__}" in seen["message"], seen
+
+
+def test_an_older_runtime_in_the_working_directory_gives_way_to_the_installed_one(tmp_path):
+    site, work, installed = _setup(tmp_path)
+    stale = _stale_toolkit(work, "0.0.1")
+    seen, stderr = _run_from(work, site, installed)
+    assert seen["value"] == "patched" and not seen["release"], (seen, stderr)
+    assert seen["runtime"] == str(installed / "toolkit" / "patches" / "vllm" / "tito" / "runtime.py"), seen
+    assert stderr.count("shadows serving-toolkit") == 1 and str(stale) in stderr and not _errors(stderr), stderr
+
+
+def test_an_installed_toolkit_of_another_version_is_refused(tmp_path):
+    from toolkit import __version__
+
+    site, work, _ = _setup(tmp_path, installed=False)
+    other = _stale_toolkit(tmp_path / "other-install", "0.0.1")
+    seen, stderr = _run_from(work, site, other.parent)
+    assert seen["value"] == "release" and seen["release"], (seen, stderr)
+    (error,) = _errors(stderr)
+    assert str(other) in error and f"serving-toolkit 0.0.1, not {__version__}" in error, error
+    assert f"pip install serving-toolkit=={__version__}" in error, error
+    seen, _ = _run_from(work, site, other.parent, expect="tito")
+    assert seen["error"] == "ImportError" and "serving-toolkit 0.0.1" in seen["message"], seen
+
+
+# --- issue 57: the words of a shadow ----------------------------------------------------------------------
+@pytest.mark.parametrize("shape", ["package", "module"])
+def test_a_shadow_on_pythonpath_of_an_installed_toolkit_gets_no_pip_advice(tmp_path, shape):
+    """A `toolkit` earlier on sys.path (PYTHONPATH) than the installed serving-toolkit of the right version:
+    the error names it and says to take it off sys.path, never to `pip install` what is installed; a
+    `toolkit.py` is called a file, not a folder."""
+    from toolkit import __version__
+
+    site, work, installed = _setup(tmp_path)
+    info = installed / f"serving_toolkit-{__version__}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: serving-toolkit\nVersion: {__version__}\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shadow = _user_toolkit(elsewhere, shape)
+    driver = f"import sys; sys.path.insert(0, {str(elsewhere)!r})\n" + SHADOW_DRIVER  # as PYTHONPATH puts it
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TOOLKIT_EXPECT_PATCHES")}
+    env.update(SITE=str(site), INSTALLED=str(installed), MODE="")
+    proc = subprocess.run([sys.executable, "-S", "-c", driver], capture_output=True, text=True, timeout=60, cwd=work,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    (error,) = _errors(proc.stderr)
+    assert str(shadow) in error and "off sys.path (PYTHONPATH)" in error and "pip install" not in error, error
+    assert "folder" not in error if shape == "module" else True, error
+
+
+def test_a_toolkit_py_of_the_working_directory_is_called_a_file(tmp_path):
+    site, work, installed = _setup(tmp_path)
+    shadow = _user_toolkit(work, "module")
+    _, stderr = _run_from(work, site, installed)
+    assert f"{shadow}, a file of the working directory, shadows serving-toolkit" in stderr, stderr

@@ -241,16 +241,20 @@ def test_the_probe_and_the_state_agree_on_where_the_manifest_is():
     assert discovery.STATE_DIRNAME == state.STATE_DIRNAME
 
 
-def test_two_records_that_both_match_give_the_same_owner_every_time(tmp_path, monkeypatch):
-    """A tie (both RECORDs match the files) goes to the lowest (name, version), through the probe and for
-    a tree alike, whichever dist-info was written first; the patches stay applied and revert whole."""
+@pytest.mark.parametrize("version_file", [True, False], ids=["with-_version.py", "without"])
+def test_two_records_that_both_match_give_the_same_owner_every_time(tmp_path, monkeypatch, version_file):
+    """A tie (both RECORDs match the files: a stale dist-info whose RECORD is a copy) goes to the version the
+    package's own ``_version.py`` states (issue 57: the copy won, "0.5.23" < "0.5.9" as text), else to the
+    highest version as a version, through the probe and for a tree alike, whichever dist-info was written
+    first; the patches stay applied and revert whole."""
     from tests.toolkit import demo_patches
     from toolkit.engine import patching as engine
 
     monkeypatch.setattr("toolkit.patch_registry.registry", lambda: [demo_patches.DEMO, demo_patches.SECOND])
-    seen = set()
     for first, second in (("0.5.9", "0.5.23"), ("0.5.23", "0.5.9")):
         site = demo_patches.make_engine_tree(tmp_path / first, version=first)
+        if version_file:  # as the real wheels' (setuptools-scm)
+            (site / "sglang" / "_version.py").write_text(f"__version__ = version = {first!r}\n")
         demo_patches.write_record(site)
         shutil.copytree(site / f"sglang-{first}.dist-info", site / f"sglang-{second}.dist-info")
         (site / f"sglang-{second}.dist-info" / "METADATA").write_text(
@@ -260,13 +264,19 @@ def test_two_records_that_both_match_give_the_same_owner_every_time(tmp_path, mo
         probed = json.loads(subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(site)}, cwd="/",
                                            capture_output=True, text=True, check=True).stdout)
         installed = load_source(site).as_installed()
-        seen |= {tuple(probed[0]), (installed.distribution, installed.version)}
+        owner = ("sglang", first if version_file else "0.5.23")
+        assert {tuple(probed[0]), (installed.distribution, installed.version)} == {owner}, (probed, installed)
         before = _digests_of(site / "sglang")
         by_id.apply(installed, ["demo"])
         assert {r.patch_id: r.state for r in engine.status(installed)}["demo"] == "applied"
         engine.revert(installed)
         assert _digests_of(site / "sglang") == before
-    assert seen == {("sglang", "0.5.23")}  # "0.5.23" < "0.5.9" as text: the rule is about being the same
+
+
+def test_versions_are_ordered_as_versions_not_as_text():
+    order = ["0.5.9.dev1", "0.5.9rc1", "0.5.9", "0.5.9+cpu", "0.5.9.post1", "0.5.10", "0.5.23", "1.0"]
+    assert sorted(reversed(order), key=discovery.version_key) == order
+    assert discovery.version_key("0.5") == discovery.version_key("0.5.0")
 
 
 def _digests_of(root: Path) -> dict[str, str]:

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from toolkit.base.version import __version__  # noqa: F401  (`toolkit --version` says it: cli.parser)
 from toolkit import api, patch_registry
+from toolkit.base import outcome
 from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
 from toolkit.cli import output as out
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
@@ -226,14 +227,14 @@ COMMANDS = {"verify": cmd_verify, "list": cmd_list, "apply-patch": cmd_apply_or_
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     _Parser.json_errors = "--json" in argv
+    outcome.begin(_Parser.json_errors)  # nothing decided yet (in-process callers run main() again)
     args = build_parser().parse_args(argv)
     errors = Console(stderr=True)
     if out.stdout_closed() and (args.json or not args.quiet):  # `toolkit revert >&-`: refuse before acting
-        errors.print("toolkit: stdout is closed, so what this command says would be lost; nothing was done "
-                     "(-q runs it without output)", markup=False, highlight=False, soft_wrap=True)
+        out.say_stdout_closed("; nothing was done (-q runs it without output)")
         return 141
     console = out.stdout_console(args.quiet)
-    out.INTERRUPTED = {} if args.json else None
+    outcome.begin(args.json)
     try:
         if getattr(args, "python", None) is not None and getattr(args, "ray", None) is None:
             # (with --ray each node reads the path on its own disk)
@@ -248,13 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PatchError as exc:  # a RegistryError too: another package's patch entry point, theirs to fix
         out.report_error(args.json, errors, exc, "drift" if isinstance(exc, DriftError) else "error")
         return 1
-    except KeyboardInterrupt:
-        if out.INTERRUPTED is None:
+    except KeyboardInterrupt:  # verify's (every other command ends in toolkit.base.outcome.on_signal)
+        if outcome.decided is not None:  # after its object: that object is the outcome
+            return outcome.decided
+        if not args.json:
             errors.print("interrupted")
         else:  # --json: still the one object, saying what was committed before the signal
             with contextlib.suppress(OSError, out.StdoutError):
                 out.emit_interrupted()
-        return 130
+        return outcome.INTERRUPTED_EXIT
     except out.StdoutError as exc:  # `--json > /dev/full`: the command ran, its report could not be written
         out.report_error(False, errors, exc, "error")
         return 1

@@ -7,7 +7,6 @@ Every ``--json`` output is one object carrying ``"schema": 1`` and ``"ok"`` (err
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 from dataclasses import asdict
@@ -17,9 +16,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from toolkit.base import outcome
 from toolkit.engine.discovery import InstalledEngine
 
-JSON_SCHEMA = 1
+JSON_SCHEMA = outcome.JSON_SCHEMA
 STATE_STYLE = {"applied": "green", "not applied": "dim", "not needed": "dim", "partial": "yellow",
                "drifted": "red", "in progress": "cyan", "patched, no manifest": "red", "runtime missing": "red"}
 SHOWN_FILES = 5  # files listed per engine without -v
@@ -101,30 +101,28 @@ def stdout_closed() -> bool:
     return False
 
 
-# What a --json command has committed so far: the fields of the one object printed if a signal ends it
-# (``None``: not --json, or its object is out already).
-INTERRUPTED: dict[str, Any] | None = None
+def say_stdout_closed(more: str = "") -> None:
+    """The one sentence of a command started with stdout closed (exit 141)."""
+    sys.stderr.write(f"toolkit: stdout is closed, so what this command says would be lost{more}\n")
 
 
 def record_committed(diff: bool) -> Callable[[Any], None]:
     """apply-patch's and revert's ``on_result``: each engine's ``--json`` entry as soon as it is
     committed, for :func:`emit_interrupted`."""
-    if INTERRUPTED is not None:
-        INTERRUPTED["engines"] = []
+    if outcome.INTERRUPTED is not None:
+        outcome.INTERRUPTED["engines"] = []
 
     def record(result: Any) -> None:
-        if INTERRUPTED is not None:
-            INTERRUPTED.setdefault("engines", []).append(apply_json(result, diff))
+        if outcome.INTERRUPTED is not None:
+            outcome.INTERRUPTED.setdefault("engines", []).append(apply_json(result, diff))
 
     return record
 
 
 def emit_interrupted() -> None:
-    """The one ``--json`` object of a command ended by Ctrl-C or SIGTERM: ``"interrupted": true`` and
-    what it committed before (apply-patch, revert: ``engines``, each written whole)."""
-    fields = INTERRUPTED or {}
-    committed = " (the engines listed were committed whole; nothing else was written)" if "engines" in fields else ""
-    emit_json(False, error=f"interrupted{committed}", kind="interrupted", interrupted=True, **fields)
+    """The one ``--json`` object of a command ended by a signal: ``"interrupted": true`` and what it
+    committed before (apply-patch, revert: ``engines``, each written whole); exit 130."""
+    emit_json(False, code=outcome.INTERRUPTED_EXIT, **outcome.interrupted_fields())
 
 
 def report_error(json_on: bool, errors: Console, exc: Exception, kind: str) -> None:
@@ -134,24 +132,18 @@ def report_error(json_on: bool, errors: Console, exc: Exception, kind: str) -> N
     if json_on:
         extra = {"files": exc.files} if isinstance(exc, DriftError) else {}
         try:
-            emit_json(False, error=str(exc), kind=kind, **extra)
+            emit_json(False, code=2 if kind == "usage" else 1, error=str(exc), kind=kind, **extra)
             return
         except (StdoutError, BrokenPipeError):
             pass
     errors.print(f"[red]toolkit: {escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
 
 
-def emit_json(ok: bool, **fields: Any) -> None:
+def emit_json(ok: bool, *, code: int | None = None, **fields: Any) -> None:
     """One JSON object on stdout: ``{"schema": 1, "ok": ..., **fields}``, flushed (a write error is a
-    :class:`StdoutError` here, not a traceback at exit)."""
-    global INTERRUPTED
-    text = json.dumps({"schema": JSON_SCHEMA, "ok": ok, **fields}, indent=2) + "\n"
-    INTERRUPTED = None  # one object per run: a signal from here on prints no second one
-    if sys.stdout is None:  # started with stdout closed
-        raise BrokenPipeError(errno.EPIPE, "stdout is closed")
-    stdout = StdoutFile(sys.stdout)
-    stdout.write(text)
-    stdout.flush()
+    :class:`StdoutError` here, not a traceback at exit). Once it is out, the exit code is ``code``
+    (default 0 if ``ok`` else 1) whatever comes after, a signal included (:mod:`toolkit.base.outcome`)."""
+    outcome.write_object(ok, fields, code, stream=StdoutFile(sys.stdout) if sys.stdout is not None else None)
 
 
 def silence_stdout() -> None:

@@ -35,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
             parser = self.commands.get(command, self) if command else self
         sentence = f"{message}{_near_miss(parser, message)} (see `{parser.prog} --help`)"
         if _Parser.json_errors:
-            out.emit_json(False, error=sentence, kind="usage")
+            out.emit_json(False, code=2, error=sentence, kind="usage")
             self.exit(2)
         parser.print_usage(sys.stderr)
         self.exit(2, f"toolkit: error: {sentence}\n")
@@ -67,6 +67,9 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option: str | None = None) -> None:
+        if out.stdout_closed():  # `toolkit --version >&-`: said nowhere is not said; 141 as every command
+            out.say_stdout_closed()
+            parser.exit(141)
         if _Parser.json_errors:
             out.emit_json(True, name="serving-toolkit", version=__version__)
         else:

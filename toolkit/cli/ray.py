@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 
@@ -52,7 +52,8 @@ def cmd_on_cluster(args: argparse.Namespace, console: Console) -> int:
     except cluster.ClusterPatchError as exc:
         report, error = exc.report, exc
     if args.json:
-        out.emit_json(error is None, **report.to_json(), **({"error": str(error), "kind": "error"} if error else {}))
+        fields: dict[str, Any] = {**report.to_json(), **({"error": str(error), "kind": "error"} if error else {})}
+        out.emit_json(error is None, **fields)
         return 0 if error is None else 1
     out.print_cluster(console, report, args.verbose)
     if error is not None:

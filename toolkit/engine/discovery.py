@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -146,8 +147,9 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
     install's dist-info is elsewhere); each scores the rows of its RECORD that agree with the disk
     minus those that do not (``_record_agreement``: sizes of all rows, hashes of a bounded sample; the
     files the manifest records are skipped); the highest score owns the package, then the most rows
-    agreeing, then the lowest (name, version), so the same files always give the same answer. No
-    RECORD at all scores 0: any RECORD that mostly matches beats it."""
+    agreeing; a tie (a stale dist-info with a copy of the real RECORD) to the version the package's own
+    ``_version.py`` states, then the highest version (``version_key``), then the lowest name: the same files
+    always give the same answer. No RECORD at all scores 0: any RECORD that mostly matches beats it."""
     if len(claims) == 1:
         return claims[0]
     here = [(name, dist) for name, dist in claims
@@ -155,11 +157,36 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
     claims = here or claims
     skip = _patched_relpaths(package_dir, engine)
 
-    def rank(claim: tuple[str, "importlib.metadata.Distribution"]) -> tuple[int, int, str, str]:
-        agree, disagree = _record_agreement(claim[1], package_dir, skip)
-        return (disagree - agree, -agree, claim[0], claim[1].version or "")
+    scores = [(disagree - agree, -agree) for agree, disagree in (_record_agreement(d, package_dir, skip) for _, d in claims)]
+    tied = [claim for claim, value in zip(claims, scores) if value == min(scores)]
+    own = _own_version(package_dir)
+    tied = [claim for claim in tied if own is not None and claim[1].version == own] or tied
+    highest = max(version_key(claim[1].version or "") for claim in tied)
+    return min((claim for claim in tied if version_key(claim[1].version or "") == highest), key=lambda c: c[0])
 
-    return min(claims, key=rank)
+
+def _own_version(package_dir: Path) -> str | None:
+    """The version the package's setuptools-scm ``_version.py`` states (``__version__ = version = '0.5.9'``), read."""
+    try:
+        text = (package_dir / "_version.py").read_text(encoding="utf-8", errors="replace")[:1 << 16]
+    except OSError:
+        return None
+    found = re.search(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"\n]+)['\"]", text, re.M)
+    return found.group(1) if found else None
+
+
+def version_key(version: str) -> tuple[tuple[int, ...], int, tuple[tuple[int, int | str], ...]]:
+    """Version strings ordered as versions, not text ("0.5.9.dev1" < "0.5.9rc1" < "0.5.9" < "0.5.9+cpu" <
+    "0.5.9.post1" < "0.5.23"), PEP 440's order for what engines publish; stdlib only (the probe's)."""
+    found = re.match(r"\s*v?(\d+(?:\.\d+)*)(.*)", version)
+    if found is None:
+        return (), -1, ((1, version),)
+    release = tuple(int(part) for part in found.group(1).split("."))
+    while release[-1:] == (0,) and len(release) > 1:
+        release = release[:-1]  # 0.5 is 0.5.0
+    rest = found.group(2).lower()
+    kind = 0 if re.match(r"[.\-_]?(dev|a|alpha|b|beta|c|rc|pre|preview)", rest) else 1 if not rest else 2
+    return release, kind, tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.findall(r"\d+|[a-z]+", rest))
 
 
 def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
@@ -203,7 +230,12 @@ def interpreter(python: str | None) -> str | None:
 
     if not python.strip() or "\x00" in python:
         raise UsageError(f"{python!r} is not a path to a Python interpreter")
-    path = os.path.abspath(os.path.expanduser(python))
+    expanded = os.path.expanduser(python)
+    if python.startswith("~") and expanded == python:  # ~user of no one: never a path under the cwd
+        user = python[1:].split(os.sep)[0]
+        raise UsageError(f"interpreter not found: {python} ("
+                         + (f"no user {user!r} on this machine)" if user else "HOME is not set)"))
+    path = os.path.abspath(expanded)
     if os.path.isdir(path):
         inside = os.path.join(path, "bin", "python")
         if not os.path.exists(inside):

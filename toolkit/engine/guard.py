@@ -89,42 +89,60 @@ def {helper}(missing, backup, package="toolkit", _loaded=frozenset(__import__("s
         for key in [key for key in list(sys.modules) if key == top or key.startswith(top + ".")]:
             del sys.modules[key]
 
+    found = sys.modules.get(top)
+    # the runtime imported, from a serving-toolkit of another version than the one that patched this file
+    stale = missing.msg == "{stale}"
+    seen = f"{{title}} {{getattr(found, '__version__', None) or '(version unknown)'}}, not {version} (the one that patched this file)"
     here = {{os.path.realpath(os.curdir)}}  # the working directory ("" on sys.path) and the script's folder
     script = sys.argv[0] if sys.argv and isinstance(sys.argv[0], str) else ""
     if os.path.isfile(script):
         here.add(os.path.dirname(os.path.realpath(script)))
     fix = f"`pip install serving-toolkit=={version} && toolkit revert {engine}`; or reinstall {engine}"
     why, loud = f"{{title}} is not importable", False
-    found = sys.modules.get(top)
     if found is not None:
         homes = [str(place) for place in (getattr(found, "__path__", None) or ())] or [str(getattr(found, "__file__", "") or "?")]
         folder = homes[0]
+        of_here = ("a folder" if getattr(found, "__path__", None) is not None else "a file") + " of the working directory"
         if any(os.path.dirname(os.path.realpath(place)) in here for place in homes):
             if top in _loaded:
-                why, loud = (f"the {{top!r}} that code of this process imported before {engine} is {{folder}} (a folder of "
-                             f"the working directory, not {{title}}), so the patches cannot load in this process"), True
-                fix = f"rename that folder, or start {engine} from another directory"
+                why, loud = (f"the {{top!r}} that code of this process imported before {engine} is {{folder}} ({{of_here}}, "
+                             f"not {{title}}), so the patches cannot load in this process"), True
+                why += f" (it holds {{seen}})" if stale else ""
+                fix = f"rename it, or start {engine} from another directory"
             else:
                 drop()
                 path = list(sys.path)
                 sys.path[:] = [entry for entry in path if not (isinstance(entry, str) and os.path.realpath(entry or os.curdir) in here)]
                 try:
                     runtime = __import__(package, fromlist=("runtime",)).runtime
+                    mine = getattr(sys.modules.get(top), "__version__", None)
+                    if top == "toolkit" and mine != "{version}":
+                        raise ImportError(f"it is {{title}} {{mine}}, not {version}")
                 except (ImportError, AttributeError) as error:
                     drop()
                     if not (isinstance(error, ModuleNotFoundError) and error.name == top):  # installed, cannot load
-                        why, loud = (f"{{folder}}, a folder of the working directory, shadows {{title}}, and the installed "
+                        why, loud = (f"{{folder}}, {{of_here}}, shadows {{title}}, and the installed "
                                      f"{{title}} cannot load {{package}}.runtime ({{error}})"), True
+                    elif stale:
+                        why, loud = f"{{folder}}, {{of_here}}, holds {{seen}}, and no other {{title}} is installed", True
                 else:
-                    logger.warning(f"{{folder}}, a folder of the working directory, shadows {{title}} on sys.path: "
+                    logger.warning(f"{{folder}}, {{of_here}}, shadows {{title}} on sys.path: "
                                    f"the patched {engine} imported its runtime from the installed {{title}} instead "
                                    f"({{os.path.dirname(getattr(sys.modules.get(top), '__file__', None) or '?')}})")
                     return runtime
                 finally:
                     sys.path[:] = path + [entry for entry in sys.path if entry not in path]
         else:
-            why, loud = f"the {{top!r}} imported here ({{folder}}) has no {{missing.name}}", True
+            why, loud = f"the {{top!r}} imported here ({{folder}}) " + (f"is {{seen}}" if stale else f"has no {{missing.name}}"), True
             fix = f"run `pip install serving-toolkit=={version}` (the version that patched this file) or `toolkit revert {engine}`"
+            try:  # installed as it should be, and shadowed by an entry of sys.path (PYTHONPATH): no pip install
+                import importlib.metadata
+                shadowed = importlib.metadata.version("serving-toolkit") == "{version}" and top == "toolkit"
+            except Exception:
+                shadowed = False
+            if shadowed:
+                fix = (f"take {{os.path.dirname(folder)}} off sys.path (PYTHONPATH) or rename {{folder}}: it comes "
+                       f"before the installed serving-toolkit {version}")
     if os.environ.get("TOOLKIT_EXPECT_PATCHES", "").strip():
         raise ImportError(f"{{__name__}} was patched by {{title}}, but {{why}}, and TOOLKIT_EXPECT_PATCHES is set, so "
                           f"{engine} refuses to start without its patches: {{fix}}") from None
@@ -153,10 +171,18 @@ def {helper}(missing, backup, package="toolkit", _loaded=frozenset(__import__("s
 
 _GUARD_TEMPLATE = '''
 try:
-    {line}
+    {line}{check}
 except ModuleNotFoundError as _toolkit_missing:
     {name} = {helper}(_toolkit_missing, {backup!r}, {package!r})
 '''
+
+
+# After the runtime's import: a serving-toolkit of another version (an older unpacked one in the working
+# directory, one upgraded without a new apply-patch) is refused as a missing one is.
+STALE = "another serving-toolkit version"
+_VERSION_CHECK = '''
+    if getattr(__import__("toolkit"), "__version__", None) != {version!r}:
+        raise ModuleNotFoundError({stale!r}, name="toolkit")'''
 
 
 def backup_relative_to(engine_file: Path, backup: Path) -> str:
@@ -208,11 +234,12 @@ def guard_module(module: cst.Module, engine: str, backup: str) -> cst.Module:
         name, package = found
         spacing: list[cst.EmptyLine] = []
         if not helper_written:
-            helper = _HELPER_TEMPLATE.format(helper=HELPER, engine=engine, version=__version__)
+            helper = _HELPER_TEMPLATE.format(helper=HELPER, engine=engine, version=__version__, stale=STALE)
             body.append(cst.parse_module(helper).body[0].with_changes(leading_lines=blank))
             helper_written, spacing = True, blank
         line = module.code_for_node(statement.with_changes(leading_lines=())).strip()
-        guard = _GUARD_TEMPLATE.format(line=line, name=name, helper=HELPER, backup=backup, package=package)
+        check = _VERSION_CHECK.format(version=__version__, stale=STALE) if package.startswith("toolkit.") else ""
+        guard = _GUARD_TEMPLATE.format(line=line, check=check, name=name, helper=HELPER, backup=backup, package=package)
         guarded = list(cst.parse_module(guard).body)
         guarded[0] = guarded[0].with_changes(leading_lines=[*spacing, *statement.leading_lines])
         body.extend(guarded)

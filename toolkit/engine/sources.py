@@ -74,6 +74,8 @@ def load_source(path: str | Path, release: tuple[str, str] | None = None) -> Sou
     """Open a wheel, a site-packages-like tree, or an engine package directory. ``release``
     (``(dist, version)``, see :func:`toolkit.releases.parse_release`) names the release instead of its
     dist-info metadata: a bare engine folder (a source checkout, a copied package) has none."""
+    if not str(path).strip() or "\0" in str(path):  # an empty --source would read the working directory
+        raise UsageError(f"{str(path)!r} is not a path to a wheel or an engine tree")
     try:
         if release is not None:
             return _named_release(path, release)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from toolkit.engine import fs
+from toolkit.engine.bytecode_prefix import remove_under_prefix
 from toolkit.errors import CorruptManifest, LockTimeout, PatchError, io_error
 
 MANIFEST_FORMAT = 1
@@ -52,7 +53,9 @@ def remove_stale_bytecode(source: Path) -> None:
     """Delete every cached bytecode of ``source`` so that no process runs the old code from cache: in
     ``__pycache__``, ``<stem>.<tag>.pyc`` for any interpreter tag and ``<stem>.<tag>.opt-N.pyc`` for any
     optimisation level (an unchecked-hash one is trusted without a look at the source), and a legacy
-    ``<stem>.pyc`` beside it."""
+    ``<stem>.pyc`` beside it; and under ``PYTHONPYCACHEPREFIX`` (``sys.pycache_prefix`` of this process)
+    the same names in the prefix's mirror of the source's folder, where such a process writes them."""
+    remove_under_prefix(source, is_bytecode_of)
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         fs.unlink(source.with_suffix(".pyc"))
     cache_dir = source.parent / "__pycache__"

@@ -45,6 +45,10 @@ _VISITED: OrderedDict[Hashable, tuple[cst.Module, list[tuple[str, AnchorResult]]
 _MEMO: OrderedDict[Hashable, FileTransform] = OrderedDict()
 _COMPILED: set[Hashable] = set()  # keys of _MEMO whose result compiled
 VISITED_SIZE = 12
+# The most characters a file a patch edits may hold: the largest any patch edits on a supported release is
+# 375 kB (sglang 0.5.16's srt/server_args.py); libcst takes minutes on a 15 MB one (issue 57), so a file
+# this big is no engine source and is refused in a sentence before it is parsed.
+MAX_SOURCE_CHARS = 4_000_000
 MEMO_SIZE = 48
 
 
@@ -150,13 +154,20 @@ def _refuse_too_deep(patch: Patch, edit: FileEdit, source: str, engine_version: 
 def _visit(patch: Patch, edit: FileEdit, source: str,
            engine_version: str) -> tuple[cst.Module, list[tuple[str, AnchorResult]]]:
     context = PatchContext(patch.id, patch.engine, engine_version, edit.relpath)
+    where = f"patch {patch.id}: cannot parse {edit.relpath} ({patch.engine} {engine_version})"
+    if len(source) > MAX_SOURCE_CHARS:
+        raise PatchError(f"{where}: it holds {len(source):,} characters, more than the {MAX_SOURCE_CHARS:,} an "
+                         "engine source file may (the largest a patch edits is under 400,000)")
+    if "\0" in source:  # libcst blames line 1 for it, in five lines; Python refuses the file outright
+        before = source[:source.index("\0")]
+        line, column = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+        raise PatchError(f"{where}: a NUL byte at line {line}, column {column}, which no Python source holds")
     _refuse_too_deep(patch, edit, source, engine_version)
     try:
         module = cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
-        raise PatchError(
-            f"patch {patch.id}: cannot parse {edit.relpath} ({patch.engine} {engine_version}): {exc}"
-        ) from exc
+    except cst.ParserSyntaxError as exc:  # one sentence: libcst's own text spans lines, with a caret
+        raise PatchError(f"{where}: {exc.message.splitlines()[0]} at line {exc.raw_line}, column {exc.raw_column + 1}"
+                         ) from exc
     if re.search(rf"# toolkit:{re.escape(patch.id)}(?![A-Za-z0-9_.-])", source):
         # A codemod knows its own marker: a file that carries it is patched already, whatever a
         # manifest says, and patching it again would double every edit.
