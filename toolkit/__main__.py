@@ -7,19 +7,23 @@ Ctrl-C ends a command at once ("interrupted", exit 130) instead of raising ``Key
 wherever Python happens to be: raised inside an import or a weakref callback, that exception is only
 reported ("Exception ignored in ...") and the command goes on. Nothing is lost by ending at once: the
 patch engine holds signals while it writes (``toolkit.engine.interrupts``), puts every file back, then hands
-the signal on to this handler. ``verify`` keeps ``KeyboardInterrupt`` until it is done, so that it
-stops the server it started.
+the signal on to this handler. ``verify`` and ``own-tests`` keep ``KeyboardInterrupt`` until they are done,
+so that verify stops the server it started and own-tests removes its private copies.
 """
 
 from __future__ import annotations
 
 import sys
 
+# Commands that clean up after themselves on Ctrl-C: verify stops the server it started, own-tests removes its
+# private copies of the engine; each ends with one word and 130 too (toolkit.cli.main).
+KEEPS_CTRL_C = ("verify", "own-tests")
+
 
 def run() -> None:
     """Run the command line and exit with its code: 130 on Ctrl-C, 141 when stdout closes early."""
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), "")
-    if command != "verify":
+    if command not in KEEPS_CTRL_C:
         _ctrl_c_ends_at_once()
     try:
         from toolkit.cli import main

@@ -1,8 +1,9 @@
-"""``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify, matrix, new-patch. ``--json``,
+"""``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify, matrix, new-patch, own-tests. ``--json``,
 ``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli.output`. apply-patch, revert and
 status take ``--ray [ADDRESS]``: the same on every node of a Ray cluster (:mod:`toolkit.ray`).
 
-Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe).
+Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe); own-tests also
+3 (nothing to compare).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from toolkit.base.version import __version__  # noqa: F401  (`toolkit --version`
 from toolkit import api, patch_registry
 from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
 from toolkit.cli import output as out
+from toolkit.cli import own_tests
 from toolkit.cli.parser import VERIFY_CHECKS, _Parser, build_parser  # noqa: F401  (VERIFY_CHECKS: tests read it here)
 from toolkit.cli.ray import cmd_on_cluster
 from toolkit.engine import patching as _engine
@@ -218,7 +220,8 @@ def cmd_matrix(args: argparse.Namespace, console: Console) -> int:
 
 COMMANDS = {"verify": cmd_verify, "list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
             "status": cmd_status, "check": cmd_check, "repair": cmd_repair,
-            "matrix": cmd_matrix, "new-patch": scaffold.cmd_new_patch}
+            "matrix": cmd_matrix, "new-patch": scaffold.cmd_new_patch,
+            "own-tests": own_tests.cmd_own_tests}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

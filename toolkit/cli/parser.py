@@ -11,6 +11,7 @@ from typing import Any, NoReturn, Sequence
 
 from toolkit.base.version import __version__
 from toolkit.cli import output as out
+from toolkit.cli import own_tests
 from toolkit.cli.ray import add_ray_options
 from toolkit.engine.patching import DEFAULT_LOCK_TIMEOUT
 from toolkit.kit import scaffold
@@ -178,5 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offline", action="store_true", help="no index and no download: the releases already cached")
 
     scaffold.add_parser(sub)
+    own_tests.add_parser(sub, _seconds)
     _Parser.commands = dict(sub.choices)
     return parser
