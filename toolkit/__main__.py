@@ -25,6 +25,8 @@ def run() -> None:
     command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), "")
     if command not in KEEPS_CTRL_C:
         _ctrl_c_ends_at_once()
+    elif command == "own-tests":
+        _termination_unwinds()
     try:
         from toolkit.cli import main
 
@@ -77,6 +79,19 @@ def _stop(signum: int, frame: object) -> None:
     except (OSError, ValueError, AttributeError):
         pass
     os._exit(130)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _termination_unwinds() -> None:
+    """SIGTERM and SIGHUP unwind like Ctrl-C from the first instant (own-tests: its copies go, exit 130)."""
+    import _signal  # type: ignore[import-not-found]
+
+    for signum in (_signal.SIGTERM, _signal.SIGHUP):
+        if _signal.getsignal(signum) == _signal.SIG_DFL:
+            _signal.signal(signum, _raise_interrupt)
 
 
 def _ctrl_c_ends_at_once() -> None:
