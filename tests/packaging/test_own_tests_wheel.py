@@ -22,7 +22,9 @@ from toolkit.releases import cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_ID = "hello-own"
-ONE_FILE = "test/registered/openai_server/basic/test_serving_chat.py"  # it imports serving_chat, which the patch edits
+# it imports serving_chat, which the patch edits, and 11 of its tests pass on the release (most of
+# test_serving_chat.py fail there: the vendored files predate 0.5.23)
+ONE_FILE = "test/registered/openai_server/basic/test_return_token_ids.py"
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.packaging]
 
@@ -38,7 +40,8 @@ def test_own_tests_runs_from_the_wheel_on_an_outside_patch(wheel, sglang_python,
 
     toolkit = tmp_path / "venv" / "bin" / "toolkit"
     checked([toolkit, "new-patch", PATCH_ID, "--engine", "sglang", "--dir", tmp_path / "skeleton"], cwd=tmp_path)
-    checked([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", tmp_path / "skeleton"])
+    # (build isolation: setuptools and wheel from the index, as a user's pip does)
+    checked([python, "-m", "pip", "install", "-q", "--no-deps", tmp_path / "skeleton"])
     listed = json.loads(checked([toolkit, "list", "sglang", "--json"], cwd=tmp_path).stdout)
     assert PATCH_ID in {p["id"] for p in listed["patches"]}
 
