@@ -96,8 +96,9 @@ def _termination_unwinds() -> None:
 
 def _ctrl_c_ends_at_once() -> None:
     """From now on Ctrl-C ends the process with 130 and one word (unless SIGINT is ignored)."""
-    # the C module: ``signal`` builds its enums in Python first, time a Ctrl-C can land in (no stubs exist)
-    import _signal  # type: ignore[import-not-found]
+    # the C module: ``signal`` builds its enums in Python first, time a Ctrl-C can land in (no stubs exist;
+    # mypy reports the missing module once, at _termination_unwinds' import above)
+    import _signal
 
     _flush()
     try:

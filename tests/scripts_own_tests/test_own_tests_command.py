@@ -57,6 +57,8 @@ def copies_of(pid: int) -> list[Path]:
     (["own-tests", RELEASE, "--hf-home", "/nonexistent/hub"], "not a folder"),
     (["own-tests", RELEASE, "--timeout", "0"], "above 0"),
     (["own-tests", RELEASE, "--list", "--patch", "no-such-patch"], "unknown patch for sglang"),
+    (["own-tests", RELEASE, "--tests", "."], "no test/ folder in it"),
+    (["own-tests", RELEASE, "--list"], "pass --tests DIR"),  # the index has no SGLang sdist with its tests
 ])
 def test_bad_input_is_one_sentence_and_exit_2(argv, words, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolkit.cli import output as out
-from toolkit.errors import UsageError
+from toolkit.errors import PatchError, UsageError
 
 if TYPE_CHECKING:  # the parser imports this module: the run's modules load when the command runs
     from toolkit.kit.own_tests import Options
@@ -88,11 +88,28 @@ def options_of(args: argparse.Namespace) -> Options:
 
 
 def cmd_own_tests(args: argparse.Namespace, console: Console) -> int:
+    """Exit 0 equal pass sets, 1 a regression, 2 usage or setup error (never 1: that is a regression's),
+    3 nothing to compare."""
+    from toolkit.kit import own_tests
+
+    options = options_of(args)
+    try:
+        return _run(args, console, options)
+    except own_tests.NothingCompared as exc:
+        out.report_error(args.json, Console(stderr=True), exc, "nothing-compared")
+        return own_tests.EXIT_NOTHING_COMPARED
+    except UsageError:
+        raise
+    except PatchError as exc:  # fetching the tests, copying or patching the engine, pytest's report: setup
+        out.report_error(args.json, Console(stderr=True), exc, "setup")
+        return 2
+
+
+def _run(args: argparse.Namespace, console: Console, options: Options) -> int:
     from toolkit.kit import own_tests
     from toolkit.kit import own_tests_record as record
     from toolkit.kit.own_tests_compare import skipped_list
 
-    options = options_of(args)
     if args.list:
         selection = own_tests.list_files(options)
         if args.json:
@@ -108,11 +125,7 @@ def cmd_own_tests(args: argparse.Namespace, console: Console) -> int:
         if args.json:
             out.emit_json(True, release=args.release, prepared=True)
         return 0
-    try:
-        report = own_tests.run(options)
-    except own_tests.NothingCompared as exc:
-        out.report_error(args.json, Console(stderr=True), exc, "nothing-compared")
-        return own_tests.EXIT_NOTHING_COMPARED
+    report = own_tests.run(options)
     ok = not report["regressions"]
     if args.record:
         record.update(report, args.record)

@@ -38,7 +38,7 @@ from toolkit.engine import interrupts
 from toolkit.errors import PatchError, UsageError
 from toolkit.kit import own_tests_compare as compare
 from toolkit.kit import own_tests_select as select
-from toolkit.kit.own_tests_engine import ENGINES, PytestRun, locate, private_copy, toolkit_view
+from toolkit.kit.own_tests_engine import ENGINES, EngineInstall, PytestRun, locate, private_copy, toolkit_view
 from toolkit.kit.own_tests_fetch import engine_tests_dir, fetch_tests, runner_site
 from toolkit.patch_registry import Catalog, catalog as engine_catalog, ordered
 from toolkit.releases import cache_dir, parse_release
@@ -202,7 +202,7 @@ def run(options: Options) -> dict[str, Any]:
     return {**report, "seconds": round(time.monotonic() - started, 1)}
 
 
-def _compare(dist: str, version: str, chosen: Chosen, options: Options, install: Any, root: Path, folder: str,
+def _compare(dist: str, version: str, chosen: Chosen, options: Options, install: EngineInstall, root: Path, folder: str,
              runner: Path, work: Path) -> dict[str, Any]:
     release_root = private_copy(install, work / "release")
     selection = selection_of(root, folder, chosen, options, release_root / chosen.engine)
