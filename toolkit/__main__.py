@@ -11,8 +11,8 @@ exception is only reported ("Exception ignored in ...") and the command goes on.
 first line of toolkit's code every exit is one outcome: under ``--json`` one object on stdout whose
 ``"ok"`` is true exactly when the exit code is 0. Nothing is lost by ending at once: the patch engine holds
 signals while it writes (``toolkit.engine.interrupts``), puts every file back, then hands the signal on to
-this handler. ``verify`` keeps ``KeyboardInterrupt`` (SIGTERM and SIGHUP raise it too) until it is done, so
-that it stops the server it started.
+this handler. ``verify`` and ``own-tests`` keep ``KeyboardInterrupt`` (SIGTERM and SIGHUP raise it too) until
+they are done, so that verify stops the server it started and own-tests removes its private copies.
 """
 
 from __future__ import annotations
@@ -25,19 +25,23 @@ import _signal  # type: ignore[import-not-found]
 from toolkit.base import outcome
 
 
+# Commands that clean up after themselves on a signal (each then ends with one word and 130 too).
+KEEPS_CTRL_C = ("verify", "own-tests")
+
+
 def run() -> None:
     """Run the command line and exit with its code: 130 on a signal, 141 when stdout closes early."""
     argv = sys.argv[1:]
-    verify = next((arg for arg in argv if not arg.startswith("-")), "") == "verify"
+    keeps = next((arg for arg in argv if not arg.startswith("-")), "") in KEEPS_CTRL_C
     outcome.JSON = "--json" in argv  # main() says it again once the arguments are parsed
-    _signals_end_at_once(verify)
+    _signals_end_at_once(keeps)
     try:
         from toolkit.cli import main
 
         code = main()
         if sys.stdout is not None:  # (None: started with stdout closed, and -q)
             sys.stdout.flush()
-    except KeyboardInterrupt:  # verify's, once it has stopped its server (main() reports it)
+    except KeyboardInterrupt:  # verify's or own-tests', once it has cleaned up (main() reports it)
         sys.stderr.write("interrupted\n")
         code = outcome.INTERRUPTED_EXIT
     except BrokenPipeError:  # Python's documented recipe: no flush error at exit either
@@ -55,7 +59,7 @@ def run() -> None:
         if isinstance(exc.code, str):
             sys.stderr.write(exc.code + "\n")
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:  # verify too, from here on
+    finally:  # verify and own-tests too, from here on
         _signals_end_at_once(False)
     if outcome.decided is not None:  # the object written says what the exit is: nothing changes it now
         code = outcome.decided
@@ -66,9 +70,9 @@ def run() -> None:
     sys.exit(code)
 
 
-def _signals_end_at_once(verify: bool) -> None:
+def _signals_end_at_once(keeps: bool) -> None:
     """From now on SIGINT, SIGTERM and SIGHUP end the process with one outcome (unless ignored or set by
-    the embedding program); for ``verify`` they raise ``KeyboardInterrupt`` instead."""
+    the embedding program); with ``keeps`` (verify, own-tests) they raise ``KeyboardInterrupt`` instead."""
     outcome.flush()
     ours = (_signal.default_int_handler, outcome.on_signal)
     try:
@@ -76,7 +80,7 @@ def _signals_end_at_once(verify: bool) -> None:
                               (_signal.SIGHUP, _signal.SIG_DFL)):
             current = _signal.getsignal(signum)
             if current is stock or current in ours:
-                _signal.signal(signum, _signal.default_int_handler if verify else outcome.on_signal)
+                _signal.signal(signum, _signal.default_int_handler if keeps else outcome.on_signal)
     except ValueError:  # not the main thread
         pass
 

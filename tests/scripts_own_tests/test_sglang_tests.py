@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.support import own_tests as ot
+from toolkit.kit import own_tests_compare as otc
+from toolkit.kit import own_tests_select as ots
 from scripts.support import sglang_tests as st
 from toolkit.patch_registry import catalog
 
@@ -75,9 +76,9 @@ def test_the_sglang_patch_declarations_choose_the_vendored_files(tmp_path):
     for rel in relpaths:
         (engine / rel).parent.mkdir(parents=True, exist_ok=True)
         (engine / rel).write_text("class ChatCompletionRequest:\n    pass\n")
-    targets = [ot.make_target(engine, "sglang", rel) for rel in sorted(relpaths)]
+    targets = [ots.make_target(engine, "sglang", rel) for rel in sorted(relpaths)]
     root = st.REPO_ROOT / "tests" / "upstream" / f"sglang-{VERSION}"
-    chosen = ot.select_test_files(root, targets, tests_dir=st.TESTS_DIR)
+    chosen = ots.select_test_files(root, targets, tests_dir=st.TESTS_DIR)
     assert sorted(chosen.files) == sorted(entry["path"] for entry in st.pinned(VERSION)["files"])
     assert chosen.files["test/registered/openai_server/basic/test_serving_chat.py"] == [
         "sglang.srt.entrypoints.openai.protocol", "sglang.srt.entrypoints.openai.serving_chat"]
@@ -86,15 +87,15 @@ def test_the_sglang_patch_declarations_choose_the_vendored_files(tmp_path):
 
 def test_the_server_plugin_refuses_sglang_servers():
     namespace: dict = {}
-    exec(compile(ot.SERVER_PLUGIN, "own_tests_no_server.py", "exec"), namespace)
+    exec(compile(ots.SERVER_PLUGIN, "own_tests_no_server.py", "exec"), namespace)
     with pytest.raises(RuntimeError, match="engine server not started"):
         namespace["_refuse"]("model", "http://127.0.0.1:1")
-    assert ("sglang.test.test_utils", ("popen_launch_server",)) in ot.SERVER_STARTERS
-    assert ot.select_test_files.__defaults__[-1] == "tests"  # vLLM's sdist layout stays the default
+    assert ("sglang.test.test_utils", ("popen_launch_server",)) in ots.SERVER_STARTERS
+    assert ots.select_test_files.__defaults__[-1] == "tests"  # vLLM's sdist layout stays the default
 
 
 def test_failures_of_tests_older_than_the_release_are_grouped_so():
     older = "test older than the release"
-    assert ot.reason_group("AttributeError: '_MockTokenizerManager' object has no attribute 'config_value'") == older
-    assert ot.reason_group("ValueError: config namespace 'serving' not published") == older
-    assert ot.reason_group("AttributeError: 'Mock' object has no attribute 'x'") == "other"
+    assert otc.reason_group("AttributeError: '_MockTokenizerManager' object has no attribute 'config_value'") == older
+    assert otc.reason_group("ValueError: config namespace 'serving' not published") == older
+    assert otc.reason_group("AttributeError: 'Mock' object has no attribute 'x'") == "other"

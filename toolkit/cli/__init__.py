@@ -1,8 +1,9 @@
-"""``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify, matrix, new-patch, audit. ``--json``,
+"""``toolkit`` command line: list, apply-patch, revert, status, repair, check, verify, matrix, new-patch, audit, own-tests. ``--json``,
 ``-q`` and ``-v`` everywhere; what each command prints is in :mod:`toolkit.cli.output`. apply-patch, revert and
 status take ``--ray [ADDRESS]``: the same on every node of a Ray cluster (:mod:`toolkit.ray`).
 
-Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe).
+Exit codes: 0 ok, 1 failure, 2 usage error, 130 interrupted, 141 stdout closed early (a pipe); own-tests also
+3 (nothing to compare).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from toolkit.base import outcome
 from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
 from toolkit.cli import output as out
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
+from toolkit.cli import own_tests
 from toolkit.cli.parser import VERIFY_CHECKS, _Parser, build_parser  # noqa: F401  (VERIFY_CHECKS: tests read it here)
 from toolkit.cli.ray import cmd_on_cluster
 from toolkit.engine import patching as _engine
@@ -221,7 +223,7 @@ def cmd_matrix(args: argparse.Namespace, console: Console) -> int:
 COMMANDS = {"verify": cmd_verify, "list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
             "status": cmd_status, "check": cmd_check, "repair": cmd_repair,
             "matrix": cmd_matrix, "new-patch": scaffold.cmd_new_patch,
-            "audit": audit_cli.cmd_audit}
+            "audit": audit_cli.cmd_audit, "own-tests": own_tests.cmd_own_tests}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from typing import Any, NoReturn, Sequence
 from toolkit.base.version import __version__
 from toolkit.cli import output as out
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
+from toolkit.cli import own_tests
 from toolkit.cli.ray import add_ray_options
 from toolkit.engine.patching import DEFAULT_LOCK_TIMEOUT
 from toolkit.kit import scaffold
@@ -183,5 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     scaffold.add_parser(sub)
     audit_cli.add_parser(sub)
+    own_tests.add_parser(sub, _seconds)
     _Parser.commands = dict(sub.choices)
     return parser

@@ -1,0 +1,141 @@
+"""``toolkit own-tests`` as an adversary would run it (issue 57): Ctrl-C and SIGTERM at random points leave no
+private copy and no traceback; a run that compares nothing is a failure with its own exit code; ``--list``
+builds nothing; the script runs the installed toolkit or says what to install; bad input is one sentence.
+
+The engine tests run on the SGLang 0.5.23 venv with a test folder written here (one small file importing the
+module the token-ids patch edits), so each run is seconds of pytest, not the release's whole selection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.support import sglang_tests
+from toolkit.cli import main as toolkit_main
+from toolkit.releases import cache_dir
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = REPO_ROOT / "scripts" / "engine_own_tests.py"
+SHIMS = REPO_ROOT / "tests" / "shims"
+RELEASE = "sglang==0.5.23"
+EXERCISES = "from sglang.srt.entrypoints.openai import serving_chat\n"
+
+
+def upstream_folder(root: Path, body: str) -> Path:
+    """A release's test folder as ``--tests`` wants it: ``test/...`` and a pytest.ini of its own."""
+    folder = root / "upstream"
+    (folder / "test" / "unit").mkdir(parents=True)
+    (folder / "pytest.ini").write_text(sglang_tests.PYTEST_INI)
+    (folder / "test" / "unit" / "test_chat.py").write_text(EXERCISES + body)
+    return folder
+
+
+def command(python: str, tests: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "toolkit", "own-tests", RELEASE, "--python", python, "--tests", str(tests),
+            "--path", str(SHIMS), "--patch", "token-ids", *extra]
+
+
+def copies_of(pid: int) -> list[Path]:
+    return sorted((cache_dir() / "scratch").glob(f"own-tests-*-{pid}-*"))
+
+
+# -- no engine ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, words", [
+    (["own-tests", "sglang"], "DIST==VERSION"),
+    (["own-tests", "torch==2.13.0"], "unknown engine distribution"),
+    (["own-tests", RELEASE, "--record", "r.json", "--under", "test/x"], "--record keeps whole runs only"),
+    (["own-tests", RELEASE, "--hf-home", "/nonexistent/hub"], "not a folder"),
+    (["own-tests", RELEASE, "--timeout", "0"], "above 0"),
+    (["own-tests", RELEASE, "--list", "--patch", "no-such-patch"], "unknown patch for sglang"),
+    (["own-tests", RELEASE, "--tests", "."], "no test/ folder in it"),
+    (["own-tests", RELEASE, "--list"], "pass --tests DIR"),  # the index has no SGLang sdist with its tests
+])
+def test_bad_input_is_one_sentence_and_exit_2(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert toolkit_main([*argv, "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and words in report["error"] and "\n" not in report["error"]
+
+
+def test_list_builds_and_copies_nothing(tmp_path):
+    """``--list`` on a cache with no venv (issue 57: it built a 1.1 GB one): the chosen files, from the release's
+    cached source tree; no venv, no scratch copy."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("sources", "sources-slim"):
+        (cache / name).symlink_to(cache_dir() / name)
+    done = subprocess.run([sys.executable, str(SCRIPT), RELEASE, "--list"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TOOLKIT_CACHE_DIR": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert "test/registered/openai_server/basic/test_serving_chat.py" in done.stdout
+    assert sorted(p.name for p in cache.iterdir()) == ["engine-tests", "sources", "sources-slim"]
+    assert [p.name for p in (cache / "engine-tests").iterdir()] == ["sglang-0.5.23"]  # the vendored tests' copy
+
+
+def test_the_script_without_serving_toolkit_says_what_to_install(tmp_path):
+    """An interpreter without this project: the checkout's ``toolkit/`` (no patches in it) is never run in its
+    place; one sentence names what to install, exit 2 (issue 57: a RegistryError traceback, exit 1)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run([sys.executable, "-S", str(SCRIPT), RELEASE, "--list"], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)  # -S: no site-packages, so no installed toolkit
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "has no serving-toolkit installed" in done.stderr
+    assert f"pip install -e {REPO_ROOT}" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- on the SGLang 0.5.23 venv --------------------------------------------------------------------------------
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_that_compares_nothing_has_its_own_exit_code(sglang_python, tmp_path):
+    """No test collected (the file imports the edited module and defines no test): exit 3 and why, never
+    "passed 0, patched 0 ... OK" and 0 (issue 57); no file chosen at all: the same code."""
+    collected_nothing = subprocess.run(command(sglang_python, upstream_folder(tmp_path / "a", ""), "--json"), cwd=tmp_path,
+                                       capture_output=True, text=True, timeout=800)
+    report = json.loads(collected_nothing.stdout)
+    assert collected_nothing.returncode == 3, collected_nothing.stderr
+    assert report["ok"] is False and report["kind"] == "nothing-compared"
+    assert "pytest collected no test of the 1 files chosen" in report["error"]
+    chosen_nothing = subprocess.run(command(sglang_python, upstream_folder(tmp_path / "b", ""), "--under", "test/elsewhere"),
+                                    cwd=tmp_path, capture_output=True, text=True, timeout=800)
+    assert chosen_nothing.returncode == 3
+    assert "no test file of the release exercises the edited modules below test/elsewhere" in chosen_nothing.stderr
+    assert "Traceback" not in chosen_nothing.stderr
+
+
+SIGNAL_RUNS = 3  # bounded: each run is stopped within its first seconds
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_signal_at_a_random_point_removes_the_private_copies(sglang_python, tmp_path):
+    """SIGINT or SIGTERM at a random point of a run (finding the engine, copying it, applying the patch, in
+    pytest): exit 130, one word, no traceback, and no ``<cache>/scratch/own-tests-*`` of that run left (issue 57:
+    up to 6,770 files left in 5 of 13 runs)."""
+    tests = upstream_folder(tmp_path, "import time\n\ndef test_slow():\n    time.sleep(120)\n")
+    seed = int(os.environ.get("OWN_TESTS_SIGNAL_SEED", time.time()))
+    rng = random.Random(seed)
+    for attempt in range(SIGNAL_RUNS):
+        signum = (signal.SIGINT, signal.SIGTERM)[attempt % 2]
+        delay = rng.uniform(2.0, 15.0)  # after the interpreter's start (a signal there is Python's)
+        child = subprocess.Popen(command(sglang_python, tests), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        time.sleep(delay)
+        child.send_signal(signum)
+        stdout, stderr = child.communicate(timeout=300)
+        where = f"seed {seed}, run {attempt}: {signal.Signals(signum).name} after {delay:.1f} s"
+        assert child.returncode == 130, f"{where}: exit {child.returncode}\n{stderr[-3000:]}"
+        assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr, f"{where}:\n{stderr}"
+        assert copies_of(child.pid) == [], f"{where}: left {copies_of(child.pid)}"
