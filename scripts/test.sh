@@ -107,7 +107,7 @@ fi
 # hold the files the examples edit (tests/examples runs `toolkit matrix --offline` on them).
 parallel_phases "${overlays[@]}" \
     "release slim trees and example wheels=$DEV_Q scripts/example_wheels.py --fetch-slim --jobs 4" \
-    "models=$DEV_Q scripts/make_tiny_model.py --cached >/dev/null && $DEV_Q scripts/make_script_model.py >/dev/null" \
+    "models=$DEV_Q scripts/make_tiny_model.py --cached >/dev/null && $DEV_Q scripts/make_script_model.py >/dev/null && $DEV_Q scripts/make_family_model.py --family all --cached >/dev/null" \
     "compiled kernels=$DEV_Q scripts/build_kernels.py"
 
 # The engines' own tests (tests/conformance/test_engine_own_tests.py, issue 50): each release's upstream tests,

