@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from decode_drain_transferred.codemods import DecodeSchedulerTransformer
+from toolkit_catalog.sglang.decode_drain_transferred.codemods import DecodeSchedulerTransformer
 from toolkit.testing import assert_codemod
 
 RELPATH = "srt/disaggregation/decode.py"

@@ -2,7 +2,7 @@
 
 from toolkit.declare import FileEdit, Patch
 
-CODEMODS = "kv_xfer_tolerate_freed.codemods"
+CODEMODS = "toolkit_catalog.vllm.kv_xfer_tolerate_freed.codemods"
 
 PATCH = Patch(
     id="kv-xfer-tolerate-freed",

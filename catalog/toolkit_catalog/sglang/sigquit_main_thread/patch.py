@@ -3,7 +3,7 @@ from the release that fixed it upstream."""
 
 from toolkit.declare import FileEdit, Patch
 
-CODEMODS = "sigquit_main_thread.codemods"
+CODEMODS = "toolkit_catalog.sglang.sigquit_main_thread.codemods"
 
 PATCH = Patch(
     id="sigquit-main-thread",

@@ -2,7 +2,7 @@
 
 from toolkit.declare import FileEdit, Patch
 
-CODEMODS = "decode_drain_transferred.codemods"
+CODEMODS = "toolkit_catalog.sglang.decode_drain_transferred.codemods"
 
 PATCH = Patch(
     id="decode-drain-transferred",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kv_xfer_tolerate_freed.codemods import SchedulerTransformer
+from toolkit_catalog.vllm.kv_xfer_tolerate_freed.codemods import SchedulerTransformer
 from toolkit.testing import assert_codemod
 
 RELPATH = "v1/core/sched/scheduler.py"
