@@ -10,9 +10,12 @@ and for each patch a distribution registers:
 * `toolkit list` shows it (only where it is installed), with its declared range and files;
 * `toolkit matrix --offline` on the cached release trees declares exactly its releases, and there
   finds every anchor and passes the golden check;
-* on every release it declares, applied together with every first-party patch that supports the
-  release, each carries its marker and is `applied`, and reverting all gives the release's bytes
-  (tests/examples/all_applied.py, on the cached slim trees: no server).
+
+and, per distribution and engine, every one of its patches at once (as a plain `toolkit apply-patch`
+applies them with the package installed): on every release one of them declares, applied together
+with every first-party patch that supports the release, each carries its marker and is `applied`, and
+reverting all gives the release's bytes (tests/examples/all_applied.py, on the cached slim trees: no
+server).
 
 The wheels: scripts/test.sh's setup builds them into <cache>/example-wheels (scripts/example_wheels.py);
 one that no longer matches its sources is built here. The behaviour on a real server is
@@ -149,15 +152,25 @@ def test_the_matrix_proves_it_on_every_release_it_declares_from_the_cached_trees
     assert all(c["golden"] == "ok" and c["anchors_found"] == c["anchors_total"] > 0 for c in proved.values()), proved
 
 
-@pytest.mark.parametrize(("example", "patch_id"), PATCHES, ids=PATCH_IDS)
-def test_it_applies_with_every_first_party_patch_and_all_revert_byte_identically(examples_dir, example, patch_id):
-    patch = patch_of(example, patch_id)
-    result = run(examples_dir, str(REPO_ROOT / "tests" / "examples" / "all_applied.py"), patch.id, cwd=REPO_ROOT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+APPLIED_TOGETHER = [(example, engine) for example in EXAMPLES
+                    for engine in sorted({patch_of(example, pid).engine for pid in declared(example)["patches"]})]
+
+
+@pytest.mark.parametrize(("example", "engine"), APPLIED_TOGETHER, ids=[f"{e.name}-{g}" for e, g in APPLIED_TOGETHER])
+def test_it_applies_with_every_first_party_patch_and_all_revert_byte_identically(examples_dir, example, engine):
+    """Every patch of the distribution for ``engine`` at once (what a plain `toolkit apply-patch` applies
+    with it installed), with toolkit's own, on every release one of them declares."""
     from toolkit import releases
 
-    assert set(report) == {f"{d}=={v}" for d, v in releases.releases_of(patch.engine, patch.versions)}
+    patches = [patch_of(example, pid) for pid in declared(example)["patches"]]
+    patches = [p for p in patches if p.engine == engine]
+    result = run(examples_dir, str(REPO_ROOT / "tests" / "examples" / "all_applied.py"), *(p.id for p in patches),
+                 cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert set(report) == {f"{d}=={v}" for p in patches for d, v in releases.releases_of(engine, p.versions)}
     assert not {release: r["problems"] for release, r in report.items() if r["problems"]}, report
-    for release, r in report.items():  # the example and toolkit's own: tito supports every release
-        assert patch.id in r["applied"] and "tito" in r["applied"] and len(r["applied"]) >= 3, (release, r)
+    for p in patches:  # each on every release it declares, with toolkit's own (tito supports every release)
+        for d, v in releases.releases_of(engine, p.versions):
+            applied = report[f"{d}=={v}"]["applied"]
+            assert p.id in applied and "tito" in applied and len(applied) >= 3, (p.id, d, v, applied)
