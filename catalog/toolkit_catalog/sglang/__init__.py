@@ -1,0 +1,1 @@
+"""The catalog's SGLang fixes, one subpackage each."""

@@ -1,0 +1,1 @@
+"""The catalog's vLLM fixes, one subpackage each."""
