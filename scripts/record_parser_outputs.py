@@ -42,16 +42,21 @@ def main() -> int:
     family = family_of(args.model, getattr(tokenizer, "chat_template", None))
     server_args = [*args.server_args, *family_args(family, args.engine, args.server_args)]
     env = dict(item.split("=", 1) for item in args.env)
+    if args.engine == "sglang":  # on a CPU-only machine SGLang serves only through the test-only shim
+        from scripts.support.venvs import sglang_cpu_env
+
+        env = {**sglang_cpu_env(), **env}
     steer = {"structured_outputs": {"regex": HERMES_CALL}} if args.engine == "vllm" else {"regex": HERMES_CALL}
     requests = {"plain": {}, "tools": {"tools": TOOLS},
-                "forced-call": {"tools": WEATHER_TOOL, "max_tokens": 96, **steer}}
+                "forced-call": {"tools": WEATHER_TOOL, "max_tokens": 96, **steer,
+                                "chat_template_kwargs": {"enable_thinking": False}}}
     out = Path(args.out)
     record = json.loads(out.read_text()) if out.exists() else []
     with EngineServer(args.engine, args.python, args.model, server_args=server_args, env=env, timeout=600) as server:
         from toolkit.verify.client import ChatClient
 
         client = ChatClient(server.base_url, args.model)
-        version = client.http.get("/version").json().get("version", "") if args.engine == "vllm" else ""
+        version = str(client.http.get("/version" if args.engine == "vllm" else "/server_info").json().get("version", ""))
         for name, extra in requests.items():
             for stream in (False, True):
                 outcome = client.chat(MESSAGES, stream=stream, **extra)
