@@ -42,15 +42,13 @@ def _model_type(model: str) -> str:
 
 
 def family_of(model: str, chat_template: str | None) -> Family | None:
-    """The family of the model folder ``model`` with ``chat_template`` (the tokenizer's), or None."""
-    model_type, template = _model_type(model), chat_template or ""
-    for family in FAMILIES:
-        if model_type in family.model_types:
-            return family
-    for family in FAMILIES:
-        if template and all(marker in template for marker in family.template_markers):
-            return family
-    return None
+    """The family of the model folder ``model`` with ``chat_template`` (the tokenizer's), or None. The template
+    decides where there is one (the parsers read what the template makes the model write: a Mistral body under
+    a ChatML template is no Mistral to its parser); the config's ``model_type`` only where there is none."""
+    if chat_template:
+        return next((f for f in FAMILIES if all(marker in chat_template for marker in f.template_markers)), None)
+    model_type = _model_type(model)
+    return next((f for f in FAMILIES if model_type in f.model_types), None)
 
 
 def _has(args: Sequence[str], flag: str) -> bool:

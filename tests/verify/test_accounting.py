@@ -175,5 +175,7 @@ def test_family_flags_from_config_and_template(tmp_path):
     assert llama is not None and family_args(llama, "vllm", []) == ["--enable-auto-tool-choice", "--tool-call-parser",
                                                                     "llama3_json"]
     assert family_of("org/name", "{{ '<|im_start|>' }}") is None and family_args(None, "vllm", []) == []
+    # a template of another family's markup wins over the config (the parsers read what the template makes)
+    assert family_of(str(tmp_path), "{{ '<|im_start|>' }}") is None
     assert parsers_in(["--reasoning-parser=qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) == (
         "qwen3", "hermes")
