@@ -173,7 +173,9 @@ def build(out: Path, family: Family) -> None:
     tok = tokenizers.write(family.tokenizer, out)  # tokenizer files, chat template, generation config
     config = make_config(family, tok.config_fields)
     data = config.to_dict()
-    data.pop("transformers_version", None)
+    # as the families' published configs say (Qwen3's 4.51.0): a local config without one, or one of 4.57.3 to
+    # 4.x, makes transformers 4.57 warn that the tokenizer may have Mistral's faulty regex
+    data["transformers_version"] = "4.51.0"
     write_json(out / "config.json", data)
     save_file(build_weights(config, family), str(out / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(out / "model.safetensors", 0o644)
