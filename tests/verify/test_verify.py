@@ -174,11 +174,11 @@ def test_patched_sglang_passes(venv, engine_python, shim_env):
     model = ensure_family_model(VERIFY_FAMILY[venv])
     apply_patch("sglang", ["token-ids", "tito"], python=python)
     try:
-        report = verify(model, engine="sglang", python=python, env=shim_env, timeout=300)
+        report = verify(model, engine="sglang", python=python, env=shim_env, timeout=600)
     finally:
         revert_patch("sglang", python=python)
     statuses = {r.name: r.status for r in report.results}
-    assert report.ok, [(r.name, r.status, r.detail, r.evidence) for r in report.results]
+    assert report.ok, (report.error, [(r.name, r.status, r.detail, r.evidence) for r in report.results])
     assert_family(report.to_json(), venv, "sglang")
     assert statuses["input-ids"] == "pass" and statuses["concurrency"] == "pass"
     assert statuses["multi-turn"] == "pass", statuses
