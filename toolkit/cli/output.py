@@ -342,6 +342,10 @@ def print_verify(console: Console, report: Any, verbose: bool) -> None:
     for row in report.results:
         table.add_row(row.name, f"[{style[row.status]}]{row.status}[/{style[row.status]}]", escape(row.detail))
     console.print(table)
+    if report.family:
+        added = " ".join(report.family_args) if report.family_args else "none (your --server-args set its parsers)"
+        console.print(f"model family: {report.family}; server flags added for it: {added}", markup=False,
+                      highlight=False)
     if verbose:
         console.print(f"server: {report.base_url or 'none'}; applied patches: {', '.join(report.applied_patches) or 'none'}",
                       markup=False, highlight=False)

@@ -59,6 +59,9 @@ class Target:
     engine: str  # "vllm" or "sglang"
     tokenizer: Any  # a transformers tokenizer of the model, loaded locally
     applied_patches: set[str]
+    # The server's reasoning and tool-call parsers (accounting.py's rules say what each strips); () when it
+    # runs none (decode(ids) must equal the content exactly), None when unknown (a server given by --url).
+    parsers: tuple[str, ...] | None = ()
     client: ChatClient = field(init=False)
 
     def __post_init__(self) -> None:

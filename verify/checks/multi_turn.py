@@ -87,8 +87,12 @@ def check_multi_turn(target: Target) -> str:
         tools: dict[str, Any] = {"tools": WEATHER_TOOL}
         if not _assistant(first).get("tool_calls"):
             # The model did not finish a call (a tiny test model rambles in the arguments): steer it to
-            # the Hermes format that the verify server's default tool-call parser reads.
+            # the Hermes format that the verify server's default tool-call parser reads. A reasoning parser holds
+            # the grammar back until the model ends its reasoning, which a random model never does: thinking off
+            # (Qwen3's template then closes the reasoning in the prompt; other templates ignore the switch), in
+            # every turn, so that the templates stay the same.
             steer = {"structured_outputs": {"regex": HERMES_CALL}} if target.engine == "vllm" else {"regex": HERMES_CALL}
+            tools["chat_template_kwargs"] = {"enable_thinking": False}
             first = _turn(target, messages, None, "turn 1", max_tokens=96, **tools, **steer)
     except HTTPStatusError as exc:
         if exc.status != 400:
