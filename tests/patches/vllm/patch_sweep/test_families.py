@@ -5,10 +5,11 @@ The tiny random bodies come from scripts/make_family_model.py (one builder for e
 names the way its pre_attn and post_block sweeps run, and why where it is not the batched executor, and the
 test holds the server to it, as both the sweep's answer and ``GET /v1/patch_runs`` report it:
 
-* Qwen3 (q/k norms) and Qwen3-MoE (fused MoE: the batched executor drives it inside vLLM's forward context)
-  run batched;
-* Gemma 3 (sliding windows on five of every six layers, sandwich norms) and Mistral (a sliding window in its
-  config) run by requests: SDPA over stored K/V is not a sliding window's attention;
+* Qwen3 (q/k norms), Qwen3-MoE (fused MoE: the batched executor drives it inside vLLM's forward context) and
+  Mistral run batched;
+* Gemma 3 (a sliding-window layer, 32 tokens wide, then a full-attention one; sandwich norms; scaled
+  embeddings) runs by requests: SDPA over stored K/V is not a sliding window's attention. The prompts are
+  longer than the window, so the window is at work;
 * Llama is the suite's toy model (test_server.py, test_interp.py, batched) and is not started again here.
 
 One server at a time, one family after another (a module-scoped fixture: pytest finishes a family's tests,
@@ -33,15 +34,16 @@ pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[4]
 TOL = 1e-4
-CLEAN, CORRUPT = "The cat sat on the mat.", "The dog sat on the mat."
+CLEAN = ("When the old cat sat on the warm mat by the fire, the children in the quiet house read their books "
+         "about rivers, mountains and the distant sea, and then they slept.")
+CORRUPT = CLEAN.replace("cat", "dog")
 ALL_HOOKS = ["pre_attn", "post_attn", "post_block", "attn_out", "mlp_out"]
-REQUESTS_BY_SLIDING_WINDOW = "its attention has a sliding window"
 # family -> (architecture, the reason its pre_attn and post_block sweeps go by requests; None: batched)
 FAMILIES = {
     "qwen3": ("Qwen3ForCausalLM", None),
     "qwen3-moe": ("Qwen3MoeForCausalLM", None),
-    "gemma3": ("Gemma3ForCausalLM", REQUESTS_BY_SLIDING_WINDOW),
-    "mistral": ("MistralForCausalLM", REQUESTS_BY_SLIDING_WINDOW),
+    "gemma3": ("Gemma3ForCausalLM", "its attention has a sliding window"),
+    "mistral": ("MistralForCausalLM", None),
 }
 
 
@@ -75,7 +77,7 @@ def test_sweeps_equal_hf_and_take_the_named_path(family_server):
     clean_ids, corrupt_ids = ref.encode(CLEAN), ref.encode(CORRUPT)
     fields = pick_tokens(ref, clean_ids, corrupt_ids)
     layers = list(range(len(ref.layers)))
-    positions = [1, 2, len(corrupt_ids) - 1]
+    positions = [2, len(corrupt_ids) - 5, len(corrupt_ids) - 1]  # the swapped word, and two past Gemma's window
     reason = FAMILIES[family][1]
     listing = server.http.get("/v1/patch_runs").json()
     assert listing["batched_executor"] == {"available": reason is None, "reason": reason}
@@ -101,7 +103,7 @@ def test_activations_of_every_hook_equal_hf(family_server):
     _, server = family_server
     ref = server.reference
     ids = ref.encode(CLEAN)
-    positions = [0, 3, len(ids) - 1]
+    positions = [0, 3, len(ids) - 1]  # the first, the swapped word, the last (past Gemma's window)
     body = {"prompt_token_ids": ids, "hooks": ALL_HOOKS, "layers": "all", "positions": positions}
     response = server.post("/v1/activations", body)
     assert response.status_code == 200, response.text
