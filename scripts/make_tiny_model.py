@@ -26,10 +26,8 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 
 SEED = 20240601
@@ -245,22 +243,10 @@ def build(out: Path, max_positions: int) -> None:
 
 
 def build_cached(max_positions: int) -> Path:
-    target = cached_model_dir(max_positions)
-    if (target / "model.safetensors").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    os.chmod(tmp, 0o755)
-    try:
-        build(tmp, max_positions)
-        try:
-            os.rename(tmp, target)  # atomic; a concurrent build that finished first wins
-        except OSError:
-            if not (target / "model.safetensors").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from scripts.support.model_cache import build_once
+
+    return build_once(cached_model_dir(max_positions), lambda folder: build(folder, max_positions))
 
 
 def check(model_dir: Path) -> None:

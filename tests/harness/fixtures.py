@@ -164,6 +164,19 @@ def ensure_tiny_model() -> str:
     return _TINY_MODEL[0]
 
 
+_FAMILY_MODELS: dict[str, str] = {}
+
+
+def ensure_family_model(family: str) -> str:
+    """Directory of a tiny random body of a real family with its tokenizer and chat template
+    (scripts/make_family_model.py --family FAMILY --cached; scripts/test.sh's setup builds them)."""
+    if family not in _FAMILY_MODELS:
+        out = _run_script([sys.executable, str(REPO_ROOT / "scripts" / "make_family_model.py"), "--family", family,
+                           "--cached"], f"scripts/make_family_model.py --family {family} --cached")
+        _FAMILY_MODELS[family] = out.strip().splitlines()[-1]
+    return _FAMILY_MODELS[family]
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """Directory of the tiny random Llama with the ChatML + tools tokenizer (a str, for argv lists)."""
