@@ -19,20 +19,17 @@ tearing its server down, before the next), a few tiny requests each. The file is
 from __future__ import annotations
 
 import base64
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from scripts.support.hf_reference import grid as reference_grid
+from tests.harness.fixtures import ensure_family_model
 from tests.patches.vllm.patch_sweep.test_interp import reference_steer
 from tests.patches.vllm.patch_sweep.test_server import assert_grid_close, pick_tokens
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[4]
 TOL = 1e-4
 CLEAN = ("When the old cat sat on the warm mat by the fire, the children in the quiet house read their books "
          "about rivers, mountains and the distant sea, and then they slept.")
@@ -47,21 +44,12 @@ FAMILIES = {
 }
 
 
-def family_model(family: str) -> str:
-    """The family's tiny random model directory (built once into the cache by the hub's one builder)."""
-    script = REPO / "scripts" / "make_family_model.py"
-    done = subprocess.run([sys.executable, str(script), "--family", family, "--cached"], capture_output=True,
-                          text=True, cwd=REPO, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family_server(request):
     from scripts.support.hf_reference import Reference
     from tests.patches.vllm.patch_sweep.conftest import serving_sweep
 
-    model = family_model(request.param)
+    model = ensure_family_model(request.param)
     reference = Reference(model)
     assert type(reference.model).__name__ == FAMILIES[request.param][0]
     with serving_sweep(model, reference, "0.32.0") as server:
