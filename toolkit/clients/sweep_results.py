@@ -92,6 +92,7 @@ class SweepResult:
     captured_source_run: str | None = None
     prefix_reuse: dict[str, Any] | None = None  # {"enabled", "cell_prompt_tokens", "cached_tokens", ...}
     executor: str = ""  # how the server ran the cells: "batched" (one worker call) or "requests"
+    executor_reason: str | None = None  # why by requests (None: batched)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -102,7 +103,7 @@ class SweepResult:
                    skipped=list(data.get("skipped") or []), noise_floor=data.get("noise_floor"),
                    source_run=data.get("source_run", ""), auto_captured=bool(data.get("auto_captured")),
                    captured_source_run=data.get("captured_source_run"), prefix_reuse=data.get("prefix_reuse"),
-                   executor=data.get("executor", ""), raw=data)
+                   executor=data.get("executor", ""), executor_reason=data.get("executor_reason"), raw=data)
 
     def cells(self) -> Iterator[Cell]:
         for layer, row in zip(self.layers, self.grid):

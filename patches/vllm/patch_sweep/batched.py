@@ -15,12 +15,18 @@ whose decoder layers take ``(positions, hidden_states, residual)`` is served; on
 is swapped, for the duration of the call, for causal SDPA over the rows' K/V and the stored prefix.
 Attention this kernel would compute differently (sliding windows, sinks, soft caps, ALiBi, shared KV,
 quantized queries) makes the sweep go the per-request way (``unsupported``), never a wrong number.
+
+The layers run inside vLLM's forward context, as in an engine step (a fused MoE layer finds itself there by
+name); no attention metadata is set, since the swapped attention reads none. Whatever else a model's layers
+need that a call between engine steps cannot give is found before the first sweep: ``probe`` runs two
+tokens through every layer at install, and a model it fails on is served by requests, the failure named.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -74,12 +80,38 @@ def unsupported_reason(attention: torch.nn.Module | None) -> str | None:
     return f"its attention has {', '.join(found)}" if found else None
 
 
+def model_reason(model: torch.nn.Module, vllm_config: Any) -> str | None:
+    """Why the model's layers cannot run in a call on one rank alone, whatever their attention (None: they can).
+    With data parallelism a fused MoE layer exchanges every step's tokens with the other data-parallel ranks,
+    which run their own engine steps meanwhile: a call on one rank would wait for them forever."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if int(getattr(parallel, "data_parallel_size", 1) or 1) > 1 and any(
+            "FusedMoE" in type(module).__name__ for module in model.modules()):
+        return "its MoE layers exchange tokens across data-parallel ranks"
+    return None
+
+
+@contextlib.contextmanager
+def forward_context(vllm_config: Any) -> Iterator[None]:
+    """vLLM's forward context for a pass the executor drives, without attention metadata (the swapped
+    attention reads none): what a layer finds by name there (a fused MoE layer's own module) is found.
+    ``set_forward_context(attn_metadata, vllm_config, ...)`` takes these two first on every supported release."""
+    if vllm_config is None:  # not a vLLM worker (the unit tests): nothing to set
+        yield
+        return
+    from vllm.forward_context import set_forward_context
+
+    with set_forward_context(None, vllm_config):
+        yield
+
+
 class Executor:
     """The model's decoder layers, final norm and logits, driven directly (see the module doc)."""
 
-    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module]):
+    def __init__(self, model: torch.nn.Module, layers: list[torch.nn.Module], vllm_config: Any = None):
         self.model: Any = model  # a vLLM model: compute_logits is the engine's
         self.layers = layers
+        self.vllm_config = vllm_config
         # vLLM's Attention modules and the final norm, read by their engine attributes (num_heads, impl.scale)
         # and called as the engine calls them: Any, as the engine's types are. Used only when
         # ``unsupported`` is None, that is when every layer has one and the norm was found.
@@ -90,8 +122,25 @@ class Executor:
             reasons.add("no final norm beside the decoder layers")
         if not hasattr(model, "compute_logits"):
             reasons.add("the model has no compute_logits")
+        if (reason := model_reason(model, vllm_config)) is not None:
+            reasons.add(reason)
         self.unsupported = "; ".join(sorted(reasons)) or None
         self.kernel = _Kernel()
+
+    def probe(self, hidden_size: int, dtype: torch.dtype, device: torch.device) -> str | None:
+        """Run two tokens through every layer, as a sweep does (a cell from layer 0 and one at the last
+        layer), and set ``unsupported`` to the failure if one happens: a layer kind this call cannot drive is
+        found here, at install, not by a sweep. Returns ``unsupported``."""
+        if self.unsupported is not None:
+            return self.unsupported
+        generator = torch.Generator().manual_seed(0)
+        embedded = (torch.randn((2, hidden_size), generator=generator) * 0.02).to(device=device, dtype=dtype)
+        cells = [(0, [0], embedded[:1]), (len(self.layers) - 1, [1], embedded[1:])]
+        try:
+            self.sweep(embedded, cells, [0], 1.0)
+        except Exception as exc:  # any failure: the sweeps go by requests, and the reason says why
+            self.unsupported = f"the batched executor cannot run this model's layers ({failure(exc)})"
+        return self.unsupported
 
     # -- the swapped attention ------------------------------------------------------------------------
 
@@ -170,37 +219,42 @@ class Executor:
         ``(first layer to run, positions, replacement rows [len(positions), hidden])``; a first layer
         equal to the layer count means the patch is on the last layer's output. Returns the corrupt
         run's and each cell's logprobs of ``scored`` at the last position (lists; None off rank 0)."""
-        n = embedded.shape[0]
-        device = embedded.device
         swapped = self._swap()
         try:
-            kernel = self.kernel
-            kernel.keys, kernel.values = {}, {}
-            kernel.record, kernel.last_layer = True, len(self.layers) - 1
-            streams: list[torch.Tensor] = []
-            hidden, residual = self._run_layers(0, torch.arange(n, device=device), embedded, None, streams)
-            streams.append(hidden + residual)
-            corrupt = self._logprobs(hidden[-1:], residual[-1:], scored)
-            kernel.record = False
-
-            results: list[Any] = [None] * len(cells)
-            width = max(a.num_heads * a.head_size for a in self.attentions)
-            max_cells = max(1, max_elements // (n * width))  # each cell's queries are padded to n rows
-            order = sorted(range(len(cells)), key=lambda c: cells[c][0])
-            chunk: list[int] = []
-            for position_in_order, c in enumerate(order):
-                first, positions, _ = cells[c]
-                chunk.append(c)
-                following = order[position_in_order + 1] if position_in_order + 1 < len(order) else None
-                if following is None or cells[following][0] != first or len(chunk) >= max_cells:
-                    self._run_chunk(chunk, cells, streams, n, scored, alpha, results)
-                    chunk = []
-            return {"corrupt": None if corrupt is None else corrupt[0].tolist(), "cells": results,
-                    "recomputed_rows": sum(self.recomputed_rows(f, p, n) for f, p, _ in cells)}
+            with forward_context(self.vllm_config):
+                return self._sweep(embedded, cells, scored, alpha, max_elements)
         finally:
             self._restore(swapped)
             self.kernel.keys, self.kernel.values = {}, {}
             self.kernel.cells = self.kernel.positions = self.kernel.last_rows = None
+
+    def _sweep(self, embedded: torch.Tensor, cells: list[tuple[int, list[int], torch.Tensor]], scored: list[int],
+               alpha: float, max_elements: int) -> dict[str, Any]:
+        n = embedded.shape[0]
+        device = embedded.device
+        kernel = self.kernel
+        kernel.keys, kernel.values = {}, {}
+        kernel.record, kernel.last_layer = True, len(self.layers) - 1
+        streams: list[torch.Tensor] = []
+        hidden, residual = self._run_layers(0, torch.arange(n, device=device), embedded, None, streams)
+        streams.append(hidden + residual)
+        corrupt = self._logprobs(hidden[-1:], residual[-1:], scored)
+        kernel.record = False
+
+        results: list[Any] = [None] * len(cells)
+        width = max(a.num_heads * a.head_size for a in self.attentions)
+        max_cells = max(1, max_elements // (n * width))  # each cell's queries are padded to n rows
+        order = sorted(range(len(cells)), key=lambda c: cells[c][0])
+        chunk: list[int] = []
+        for position_in_order, c in enumerate(order):
+            first, positions, _ = cells[c]
+            chunk.append(c)
+            following = order[position_in_order + 1] if position_in_order + 1 < len(order) else None
+            if following is None or cells[following][0] != first or len(chunk) >= max_cells:
+                self._run_chunk(chunk, cells, streams, n, scored, alpha, results)
+                chunk = []
+        return {"corrupt": None if corrupt is None else corrupt[0].tolist(), "cells": results,
+                "recomputed_rows": sum(self.recomputed_rows(f, p, n) for f, p, _ in cells)}
 
     def recomputed_rows(self, first: int, positions: list[int], n: int) -> int:
         """How many (layer, position) rows a cell runs through a decoder layer (see ``_run_chunk``)."""
@@ -244,6 +298,22 @@ class Executor:
         logprobs = self._logprobs(hidden[kernel.last_rows], residual[kernel.last_rows], scored)
         for row, c in enumerate(chunk):
             results[c] = None if logprobs is None else logprobs[row].tolist()
+
+
+def probed_executor(model: torch.nn.Module, layers: list[torch.nn.Module], runner: Any) -> Executor:
+    """The executor of a worker's model, probed (``Executor.probe``) in the model's dtype, on its device. The
+    caller keeps its own hooks out of the way meanwhile."""
+    executor = Executor(model, layers, getattr(runner, "vllm_config", None))
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        executor.probe(int(runner.model_config.get_hidden_size()), runner.model_config.dtype, device)
+    return executor
+
+
+def failure(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return f"{type(exc).__name__}: {first}"
 
 
 def _last_row_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, new_keys: torch.Tensor,

@@ -62,11 +62,12 @@ async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, di
                              "reuse": {"enabled": sweep.prefix_reuse, "cell_prompt_tokens": len(cells) * len(sweep.prompt_ids),
                                        "cached_tokens": 0}}
     results = None
-    if batched_reason(engine, sweep) is None:
+    state["executor_reason"] = batched_reason(engine, sweep)
+    if state["executor_reason"] is None:
         results = _batched_cells(engine, sweep, scored, cells, state)
         first = await anext(results, None)
         if first is None:  # the worker cannot run it batched: the sweep goes the per-request way
-            results = None
+            results, state["executor_reason"] = None, engine.batched_unsupported
         else:
             results = _prepend(first, results)
     if results is None:
@@ -108,6 +109,7 @@ async def run_sweep(engine: Engine, sweep: Sweep) -> AsyncIterator[tuple[str, di
         "source_run": sweep.source_run, "captured_source_run": sweep.source_run if sweep.auto_captured else None,
         "auto_captured": sweep.auto_captured, "answer_token_id": sweep.answer, "foil_token_id": sweep.foil,
         "prompt_token_ids": sweep.prompt_ids, "num_cells": len(cells), "executor": state["executor"],
+        "executor_reason": state["executor_reason"],
         "batched_calls": state.get("batched_calls"), "prefix_reuse": state["reuse"],
     }
 
@@ -141,7 +143,10 @@ async def _batched_cells(engine: Engine, sweep: Sweep, scored: list[int], cells:
                                       number + 1 < len(slices))
             if "unsupported" in answer:
                 engine.batched_unsupported = answer["unsupported"]
-                return
+                if number == 0:
+                    return  # nothing measured yet: the sweep goes by requests
+                raise BadRequest(f"the sweep stopped: {answer['unsupported']}; send it again (it runs by requests now)",
+                                 status=409)
             if "error" in answer:
                 raise BadRequest(f"the sweep could not run: {answer['error']}; send it again", status=409)
             recomputed += int(answer["recomputed_rows"])

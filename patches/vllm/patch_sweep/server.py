@@ -6,7 +6,7 @@ the engine (engine.py, execution.py).
 
 Routes:
   POST   /v1/patch_runs          capture a prompt's activations under a run name
-  GET    /v1/patch_runs          list stored runs (bytes used, bound)
+  GET    /v1/patch_runs          list stored runs (bytes used, bound) and whether sweeps can run batched
   GET    /v1/patch_runs/{name}   one run, with its prompt token ids
   DELETE /v1/patch_runs/{name}   drop a run
   POST   /v1/patch_sweep         the grid (``stream: true`` for SSE: start, cell..., summary, [DONE])
@@ -66,7 +66,9 @@ def attach(app: Any) -> None:
     @router.get("/v1/patch_runs")
     async def list_runs(raw: Request):
         async def handler(engine: Engine):
-            return JSONResponse(await engine.rpc("runs"))
+            # which way this model's pre_attn and post_block sweeps run, known from install (the probe)
+            batched = {"available": engine.batched_unsupported is None, "reason": engine.batched_unsupported}
+            return JSONResponse({**await engine.rpc("runs"), "batched_executor": batched})
 
         return await guarded(raw, handler)
 

@@ -31,13 +31,12 @@ from typing import Any, Callable
 import torch
 
 from toolkit.patches.vllm.patch_sweep import store
-from toolkit.patches.vllm.patch_sweep.batched import Executor
+from toolkit.patches.vllm.patch_sweep.batched import failure, probed_executor
 from toolkit.patches.vllm.patch_sweep.shared import PLAN_KEY, STEER_KEY, log
 from toolkit.patches.vllm.patch_sweep.store import STORE
 
 HOOKS = ("pre_attn", "post_attn", "post_block")  # points of the residual stream: captured and patched
 PARTS = ("attn_out", "mlp_out")  # the attention and MLP outputs (what each adds to the stream): captured only
-
 
 
 @dataclass
@@ -60,7 +59,7 @@ class _State:
     num_layers: int = 0
     embedding_moments: tuple[float, float, float] = (0.0, 0.0, 0.0)
     step: list[_Active] = field(default_factory=list)
-    executor: Any = None  # batched.Executor, built at install
+    executor: Any = None  # batched.Executor, built and probed at install
     bypass: bool = False  # the batched sweep drives the layers itself: the hooks stand aside
 
 
@@ -321,15 +320,29 @@ def install(wrapper: Any, secret: str, max_bytes: int) -> dict[str, Any]:
         layers = _decoder_layers(model)
         for index, layer in enumerate(layers):
             STATE.handles.append(layer.register_forward_pre_hook(_layer_pre_hook(index), with_kwargs=True))
-            norm = layer.get_submodule("post_attention_layernorm")  # _decoder_layers chose layers that have one
-            STATE.handles.append(norm.register_forward_pre_hook(_post_attn_pre_hook(index)))
+            STATE.handles.append(_post_attn_norm(layer).register_forward_pre_hook(_post_attn_pre_hook(index)))
             STATE.handles.append(layer.register_forward_hook(_layer_hook(index)))
         STATE.runner, STATE.first_layer, STATE.num_layers = runner, layers[0], len(layers)
         STATE.embedding_moments = _embedding_moments(model, runner)
-        STATE.executor = Executor(model, layers)
-        log().info("toolkit patch-sweep: forward hooks on %d decoder layers", len(layers))
+        STATE.bypass = True  # the probe drives the layers itself: the hooks stand aside
+        try:
+            STATE.executor = probed_executor(model, layers, runner)
+        finally:
+            STATE.bypass = False
+        log().info("toolkit patch-sweep: forward hooks on %d decoder layers; sweeps of pre_attn and post_block %s",
+                   len(layers), "run batched" if STATE.executor.unsupported is None
+                   else f"run by requests: {STATE.executor.unsupported}")
     return {"num_layers": STATE.num_layers, "max_bytes": STORE.max_bytes,
             "embedding_moments": list(STATE.embedding_moments), "batched_unsupported": STATE.executor.unsupported}
+
+
+def _post_attn_norm(layer: torch.nn.Module) -> torch.nn.Module:
+    """The norm whose input is ``(attention's addition, residual)``, the stream after attention: the pre-MLP
+    ``post_attention_layernorm`` of a Llama-style layer; with sandwich norms (Gemma 2 and 3, whose
+    ``post_attention_layernorm`` normalizes the attention output alone) the ``pre_feedforward_layernorm``
+    after it, so ``attn_out`` is what attention adds to the stream there too."""
+    sandwich = getattr(layer, "pre_feedforward_layernorm", None)
+    return sandwich if isinstance(sandwich, torch.nn.Module) else layer.get_submodule("post_attention_layernorm")
 
 
 def _embedding_moments(model: torch.nn.Module, runner: Any) -> tuple[float, float, float]:
@@ -374,6 +387,10 @@ def batched_sweep(wrapper: Any, key: str, name: str, hook: str, cells: list[tupl
     try:
         with torch.inference_mode():
             return STATE.executor.sweep(embedded, planned, list(scored), float(alpha))
+    except Exception as exc:  # the probe passed and this did not: never a failed request; by requests from now on
+        STATE.executor.unsupported = f"the batched executor failed ({failure(exc)})"
+        log().warning("toolkit patch-sweep: %s; sweeps run by requests from now on", STATE.executor.unsupported)
+        return {"unsupported": STATE.executor.unsupported}
     finally:
         STATE.bypass = False
 

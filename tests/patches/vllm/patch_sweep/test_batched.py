@@ -93,3 +93,62 @@ def test_attention_the_executor_would_compute_differently_sends_the_sweep_to_req
     assert unsupported_reason(attention()) is None
     assert unsupported_reason(attention(**fields)) == f"its attention has {reason}"
     assert unsupported_reason(None) == "a decoder layer has no vLLM Attention module"
+
+
+class Attention(torch.nn.Module):
+    """Named as vLLM's attention layer, with what the executor reads of it; it is swapped out in a sweep."""
+
+    def __init__(self):
+        super().__init__()
+        self.impl = SimpleNamespace(scale=0.5)
+        self.num_heads = self.num_kv_heads = 1
+        self.head_size = self.head_size_v = 4
+
+
+class Layer(torch.nn.Module):
+    """A decoder layer as vLLM's: (positions, hidden, residual) -> (hidden, residual), its attention on the
+    rows; ``needs`` a condition the executor's call cannot meet (as vLLM's fused MoE needs its forward context)."""
+
+    def __init__(self, needs: bool):
+        super().__init__()
+        self.self_attn = Attention()
+        self.needs = needs
+
+    def forward(self, positions, hidden, residual):
+        if self.needs:
+            raise AssertionError("Forward context is not set.\nPlease use `set_forward_context`")
+        hidden = hidden if residual is None else hidden + residual
+        return self.self_attn(hidden, hidden, hidden), torch.zeros_like(hidden)
+
+
+class Norm(torch.nn.Module):
+    def forward(self, hidden, residual):  # vLLM's fused add and norm, without the norm
+        return hidden + residual
+
+
+class Model(torch.nn.Module):
+    def __init__(self, needs: bool):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([Layer(needs), Layer(needs)])
+        self.norm = Norm()
+
+    def compute_logits(self, hidden):
+        return hidden
+
+
+@pytest.mark.parametrize("needs", [False, True])
+def test_a_layer_the_executor_cannot_drive_is_found_by_the_probe_before_any_sweep(needs):
+    from toolkit.patches.vllm.patch_sweep.batched import Executor
+
+    model = Model(needs)
+    executor = Executor(model, list(model.layers))
+    assert executor.unsupported is None  # the attention alone looks fine: only running the layers tells
+    reason = executor.probe(4, torch.float32, torch.device("cpu"))
+    if needs:
+        assert reason == executor.unsupported == ("the batched executor cannot run this model's layers "
+                                                  "(AssertionError: Forward context is not set.)")
+    else:
+        assert reason is None
+        answer = executor.sweep(torch.randn(3, 4), [(0, [1], torch.randn(1, 4)), (1, [2], torch.randn(1, 4))], [0, 1], 1.0)
+        assert len(answer["corrupt"]) == 2 and all(len(cell) == 2 for cell in answer["cells"])
+    assert "forward" not in model.layers[0].self_attn.__dict__  # the swapped attention is put back either way
