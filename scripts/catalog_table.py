@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Write the table of catalog/README.md from catalog/findings.toml and the fixes' declarations: one row
 per RL framework fix that edits vLLM or SGLang source (framework, file, commit read, what it fixes,
-releases, state). A ported row's releases and its "not needed" range are read from its ``PATCH``
-(toolkit_catalog), so the table cannot drift from what the patch declares.
+releases, state, stale on). A ported row's releases and its "not needed" range are read from its ``PATCH``
+(toolkit_catalog), so the table cannot drift from what the patch declares. The "stale on" column is a row's ``stale_on``:
+the releases ``toolkit audit`` found the framework's copied function stale on (a list of DIST==VERSION,
+empty when current on every release), or a string saying why there is nothing to audit; ``stale_note``
+says what the copy drops or freezes (README.md says how the lists were computed).
 
 ``--check``: write nothing; exit 1 (one sentence) when README.md's table is not what this would write,
 or when a row is malformed (a ported row naming no fix of the catalog, a fix of the catalog with no row).
@@ -74,16 +77,47 @@ def rows() -> list[list[str]]:
         else:
             releases = fix["releases"]
             status = ("cannot be a codemod: " if state == "cannot" else "not ported yet: ") + fix["why"]
-        out.append([fix["framework"], source, commit, fix["what"], releases, status])
+        out.append([fix["framework"], source, commit, fix["what"], releases, status, stale_cell(fix)])
     missing = sorted(set(patches) - ported)
     if missing:
         raise TableError(f"findings.toml has no ported row for the catalog's {', '.join(missing)}")
     return out
 
 
+def _versions(dist: str, versions: list[str]) -> str:
+    if len(versions) > 3:
+        return f"{dist} {versions[0]}-{versions[-1]} ({len(versions)} releases)"
+    return ", ".join(f"{dist} {version}" for version in versions)
+
+
+def stale_cell(fix: dict) -> str:
+    """The "stale on" cell: the releases the audit found the copy stale on, grouped by distribution
+    (in the order written), then the note; or why there is no verdict."""
+    stale, note = fix.get("stale_on"), fix.get("stale_note", "")
+    if isinstance(stale, str) and stale:
+        return stale + (f"; {note}" if note else "")
+    if not isinstance(stale, list) or not all(isinstance(r, str) and r.count("==") == 1 for r in stale):
+        raise TableError(f"findings.toml: {fix.get('file')!r} has stale_on {stale!r} (a list of DIST==VERSION, "
+                         "or a string saying why there is no verdict)")
+    if not fix.get("copy_sha256"):
+        raise TableError(f"findings.toml: {fix.get('file')!r} has a verdict but no copy_sha256")
+    from toolkit.releases import LINES
+
+    unknown = [release for release in stale if release.split("==")[0] not in LINES]
+    if unknown:
+        raise TableError(f"findings.toml: {fix.get('file')!r} is stale on {', '.join(unknown)}: no engine line "
+                         f"of toolkit.releases ({', '.join(LINES)})")
+    groups: dict[str, list[str]] = {}
+    for release in stale:
+        dist, version = release.split("==")
+        groups.setdefault(dist, []).append(version)
+    cell = ", ".join(_versions(dist, versions) for dist, versions in groups.items()) if stale else "none"
+    return cell + (f": {note}" if note else "")
+
+
 def table() -> str:
     body = rows()
-    head = ["framework", "source", "commit read", "what it fixes", "releases", "state"]
+    head = ["framework", "source", "commit read", "what it fixes", "releases", "state", "stale on"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in body]
     counts = {state: sum(1 for row in body if row[5].startswith(prefix)) for state, prefix in
