@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from toolkit.cli import output as out
+from toolkit.cli.options import add_output_options
 from toolkit.errors import UsageError
 
 EXAMPLE = ("toolkit audit src/prime_rl/inference/patches.py "
@@ -36,10 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--base", metavar="DIST==VERSION",
                    help="the release the copy was written against (default: the one closest to the copy)")
     p.add_argument("--offline", action="store_true", help="no download: the releases already cached")
-    p.add_argument("--json", action="store_true", help="print one JSON object for machines (schema 1)")
-    loudness = p.add_mutually_exclusive_group()
-    loudness.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    loudness.add_argument("-v", "--verbose", action="store_true", help="also each statement's enclosing blocks")
+    add_output_options(p, "also each statement's enclosing blocks")
     return p
 
 

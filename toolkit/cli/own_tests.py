@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from toolkit.cli import output as out
+from toolkit.cli.options import add_output_options
 from toolkit.errors import PatchError, UsageError
 
 if TYPE_CHECKING:  # the parser imports this module: the run's modules load when the command runs
@@ -60,10 +61,7 @@ def add_parser(sub: argparse._SubParsersAction, seconds: Any) -> argparse.Argume
     p.add_argument("--skipped-list", type=Path, metavar="FILE",
                    help="also write the tests failing on both runs, each with its reason group, as markdown")
     p.add_argument("--markdown", action="store_true", help="print the run as a row of the record's table")
-    p.add_argument("--json", action="store_true", help="print one JSON object for machines (schema 1)")
-    loudness = p.add_mutually_exclusive_group()
-    loudness.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    loudness.add_argument("-v", "--verbose", action="store_true", help="list every test failing on both runs")
+    add_output_options(p, "list every test failing on both runs")
     return p
 
 

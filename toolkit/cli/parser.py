@@ -11,6 +11,7 @@ from typing import Any, NoReturn, Sequence
 
 from toolkit.base.version import __version__
 from toolkit.cli import output as out
+from toolkit.cli.options import add_output_options
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
 from toolkit.cli import own_tests
 from toolkit.cli.ray import add_ray_options
@@ -89,10 +90,7 @@ def _seconds(text: str) -> float:
 
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print one JSON object for machines (schema 1)")
-    loudness = parser.add_mutually_exclusive_group()
-    loudness.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors (the exit code says the rest)")
-    loudness.add_argument("-v", "--verbose", action="store_true", help="print more detail (every file, per-file states)")
+    add_output_options(parser, "print more detail (every file, per-file states)")
 
 
 def _add_python(parser: argparse.ArgumentParser) -> None:

@@ -23,6 +23,7 @@ from string import Template
 from rich.console import Console
 
 from toolkit.cli import output as out
+from toolkit.cli.options import add_output_options
 from toolkit.engine import interrupts
 from toolkit.errors import UsageError
 from toolkit.patch_registry import did_you_mean
@@ -365,10 +366,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--engine", required=True, choices=tuple(TARGETS), help="the engine the patch edits")
     p.add_argument("--dir", dest="directory", metavar="DIR",
                    help="where to write it, a new or empty folder (default: ./toolkit-patch-NAME)")
-    p.add_argument("--json", action="store_true", help="print one JSON object for machines (schema 1)")
-    loudness = p.add_mutually_exclusive_group()
-    loudness.add_argument("-q", "--quiet", action="store_true", help="print nothing but errors")
-    loudness.add_argument("-v", "--verbose", action="store_true", help="also list the files written")
+    add_output_options(p, "also list the files written")
     return p
 
 
