@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny random-weight models of real families (Llama, Qwen3, Qwen3-MoE, Gemma 3, Mistral, gpt-oss), no model hub.
+"""Tiny random-weight models of real families (Llama, Qwen3, Qwen3.6, Qwen3-MoE, Gemma 3, Mistral, Mistral-Nemo,
+gpt-oss), no model hub.
 
     python scripts/make_family_model.py --family qwen3 --cached       build into the cache (or reuse it), print the dir
     python scripts/make_family_model.py --family all --cached         every family (scripts/test.sh's setup)
@@ -80,6 +81,14 @@ FAMILIES = {f.name: f for f in (
             "use_sliding_window": False, "sliding_window": None, "max_window_layers": LAYERS},
            ("--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
            ("--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25")),
+    # Qwen3.5/3.6's tokenizer (qwen3_6.tiktoken) on a Qwen3 body: Qwen3.5's own architecture (gated delta-net
+    # layers) is not one the engines' CPU builds serve here
+    Family("qwen3.6", "Qwen3Config", "Qwen3ForCausalLM", "qwen3.6",
+           {"rope_theta": 1000000.0, "tie_word_embeddings": False, "attention_bias": False,
+            "use_sliding_window": False, "sliding_window": None, "max_window_layers": LAYERS},
+           ("--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"),
+           ("--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder"),
+           note="Qwen3.5/3.6's tokenizer on a Qwen3 body (no chat template: none stored)"),
     Family("qwen3-moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", "qwen3",
            {"rope_theta": 1000000.0, "tie_word_embeddings": False, "attention_bias": False,
             "use_sliding_window": False, "sliding_window": None, "max_window_layers": LAYERS,
@@ -98,6 +107,13 @@ FAMILIES = {f.name: f for f in (
            {"rope_theta": 1000000.0, "tie_word_embeddings": False, "sliding_window": None},
            ("--enable-auto-tool-choice", "--tool-call-parser", "mistral"),
            ("--tool-call-parser", "mistral")),
+    # Mistral-Nemo's tekken tokenizer and template on a Mistral body (the "mistral" family keeps the toy tokenizer
+    # the sweep and verify tests were written for)
+    Family("mistral-nemo", "MistralConfig", "MistralForCausalLM", "mistral-nemo",
+           {"rope_theta": 1000000.0, "tie_word_embeddings": False, "sliding_window": None},
+           ("--enable-auto-tool-choice", "--tool-call-parser", "mistral"),
+           ("--tool-call-parser", "mistral"),
+           note="Mistral-Nemo-Instruct-2407's tekken tokenizer (131,072 ids) and chat template on a Mistral body"),
     Family("gpt-oss", "GptOssConfig", "GptOssForCausalLM", "gpt-oss",
            {"tie_word_embeddings": False, "num_local_experts": 4, "num_experts_per_tok": 2,
             "sliding_window": SLIDING_WINDOW, "layer_types": ["sliding_attention", "full_attention"],
@@ -236,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(rows, indent=1))
             for row in [] if args.json else rows:
-                print(f"{row['family']:10} {row['architecture']:22} tokenizer {row['tokenizer']:8} "
+                print(f"{row['family']:12} {row['architecture']:22} tokenizer {row['tokenizer']:12} "
                       f"vLLM: {' '.join(row['vllm_args']) or '-'}")
             return 0
         if args.check:

