@@ -125,14 +125,16 @@ def emit_interrupted() -> None:
     emit_json(False, code=outcome.INTERRUPTED_EXIT, **outcome.interrupted_fields())
 
 
-def report_error(json_on: bool, errors: Console, exc: Exception, kind: str) -> None:
-    """A failed command's one sentence: a JSON object on stdout with --json (on stderr if stdout fails)."""
+def report_error(json_on: bool, errors: Console, exc: Exception, kind: str, code: int | None = None) -> None:
+    """A failed command's one sentence: a JSON object on stdout with --json (on stderr if stdout fails), whose
+    exit is ``code`` (default 2 for a usage error, else 1)."""
     from toolkit.errors import DriftError
 
     if json_on:
         extra = {"files": exc.files} if isinstance(exc, DriftError) else {}
         try:
-            emit_json(False, code=2 if kind == "usage" else 1, error=str(exc), kind=kind, **extra)
+            emit_json(False, code=code if code is not None else (2 if kind == "usage" else 1), error=str(exc),
+                      kind=kind, **extra)
             return
         except (StdoutError, BrokenPipeError):
             pass

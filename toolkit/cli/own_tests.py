@@ -94,12 +94,13 @@ def cmd_own_tests(args: argparse.Namespace, console: Console) -> int:
     try:
         return _run(args, console, options)
     except own_tests.NothingCompared as exc:
-        out.report_error(args.json, Console(stderr=True), exc, "nothing-compared")
+        out.report_error(args.json, Console(stderr=True), exc, "nothing-compared",
+                         code=own_tests.EXIT_NOTHING_COMPARED)
         return own_tests.EXIT_NOTHING_COMPARED
     except UsageError:
         raise
     except PatchError as exc:  # fetching the tests, copying or patching the engine, pytest's report: setup
-        out.report_error(args.json, Console(stderr=True), exc, "setup")
+        out.report_error(args.json, Console(stderr=True), exc, "setup", code=2)
         return 2
 
 
