@@ -20,12 +20,16 @@ def remove_under_prefix(source: Path, is_bytecode_of: Callable[[str, str], bool]
     if not prefix:
         return
     for folder in dict.fromkeys((source.parent.absolute(), source.parent.resolve())):
-        cache_dir = Path(prefix) / str(folder).lstrip(os.sep)
-        try:
-            names = fs.listdir(cache_dir)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for name in names:
-            if is_bytecode_of(source.stem, name):
-                with contextlib.suppress(FileNotFoundError):
-                    fs.unlink(cache_dir / name)
+        remove_in(Path(prefix) / str(folder).lstrip(os.sep), source.stem, is_bytecode_of)
+
+
+def remove_in(cache_dir: Path, stem: str, is_bytecode_of: Callable[[str, str], bool]) -> None:
+    """Delete the bytecode of module ``stem`` in the folder ``cache_dir`` (nothing when there is no folder)."""
+    try:
+        names = fs.listdir(cache_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for name in names:
+        if is_bytecode_of(stem, name):
+            with contextlib.suppress(FileNotFoundError):
+                fs.unlink(cache_dir / name)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from toolkit.engine import fs
-from toolkit.engine.bytecode_prefix import remove_under_prefix
+from toolkit.engine.bytecode_prefix import remove_in, remove_under_prefix
 from toolkit.errors import CorruptManifest, LockTimeout, PatchError, io_error
 
 MANIFEST_FORMAT = 1
@@ -58,15 +58,7 @@ def remove_stale_bytecode(source: Path) -> None:
     remove_under_prefix(source, is_bytecode_of)
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
         fs.unlink(source.with_suffix(".pyc"))
-    cache_dir = source.parent / "__pycache__"
-    try:
-        names = fs.listdir(cache_dir)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for name in names:
-        if is_bytecode_of(source.stem, name):
-            with contextlib.suppress(FileNotFoundError):
-                fs.unlink(cache_dir / name)
+    remove_in(source.parent / "__pycache__", source.stem, is_bytecode_of)
 
 
 def is_bytecode_of(stem: str, name: str) -> bool:
