@@ -177,6 +177,54 @@ def test_server_that_exits_at_once_reports_its_log(tmp_path):
     assert not server.tmp_dir.exists()
 
 
+def test_a_port_taken_before_the_server_binds_it_is_tried_again_on_another(tmp_path):
+    # The first start dies as uvicorn does when another server's socket took the port in the meantime;
+    # the second serves /health on the port it is given. Any other early exit is not tried again.
+    marker = tmp_path / "attempts"
+    health = tmp_path / "health.py"
+    health.write_text(
+        "import http.server, sys\n"
+        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a):\n"
+        "        pass\n"
+        "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()\n")
+    python = fake_python(tmp_path, (
+        f'echo x >> {marker}\n'
+        f'if [ "$(wc -l < {marker})" -lt 2 ]; then\n'
+        "  echo 'ERROR:    [Errno 98] error while attempting to bind on address: address already in use'\n"
+        "  exit 3\nfi\n"
+        f'exec {sys.executable} {health} "$@"'))
+    server = EngineServer("vllm", python, "model", timeout=60)
+    with server:
+        log = server.log_tail(400)
+        ports = [int(part.split()[0]) for part in log.split("--port ")[1:]]
+        assert len(ports) == 2 and ports[1] == server.port, log  # one command line an attempt
+        assert marker.read_text().count("x") == 2
+        assert "was taken before the server bound it" in log
+        assert httpx.get(server.base_url + "/health", timeout=10).status_code == 200
+    assert_all_gone(list(server.seen_pids), server.seen_pids, server.tmp_dir)
+
+
+def test_a_server_that_exits_for_another_reason_is_not_started_again(tmp_path):
+    marker = tmp_path / "attempts"
+    python = fake_python(tmp_path, f"echo x >> {marker}\necho 'error: no such model'\nexit 3")
+    with pytest.raises(ServerStartError, match="exited with status 3"):
+        EngineServer("vllm", python, "model", timeout=30).start()
+    assert marker.read_text().count("x") == 1
+
+
+def test_a_port_taken_every_time_gives_up_after_the_last_attempt(tmp_path):
+    marker = tmp_path / "attempts"
+    python = fake_python(tmp_path, f"echo x >> {marker}\necho 'OSError: [Errno 98] Address already in use'\nexit 1")
+    with pytest.raises(ServerStartError, match="Address already in use"):
+        EngineServer("vllm", python, "model", timeout=30).start()
+    from toolkit.verify.server import PORT_ATTEMPTS
+    assert marker.read_text().count("x") == PORT_ATTEMPTS
+
+
 def test_ctrl_c_while_starting_stops_everything(tmp_path):
     # Python's own Ctrl-C handler, as in a terminal: a run started in the background (`cmd &` in a
     # script) inherits SIGINT ignored, and then interrupt_main() does nothing.

@@ -44,6 +44,7 @@ ENGINE_DISTRIBUTIONS = {engine: tuple(d for d, (e, _) in _DISTRIBUTION_ENGINES.i
                         for engine in dict.fromkeys(e for e, _ in _DISTRIBUTION_ENGINES.values())}
 
 STOP_GRACE_S = 20.0
+PORT_ATTEMPTS = 3  # starts on a new port after the chosen one was taken (a race with other servers)
 
 
 class ServerStartError(RuntimeError):
@@ -179,29 +180,29 @@ class EngineServer:
         self.distribution, self.version = engine_version(self.engine, self.python, self.extra_env)
         self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"toolkit-{self.engine}-server-"))
         try:
-            self.port = free_port(self.host)
             if self.log_path is None:
                 self.log_path = self.tmp_dir / "server.log"
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.command = server_command(self.engine, self.python, self.model, self.host, self.port,
-                                          self.version or "", self.server_args, cpu=self.cpu)
             self._log_handle = open(self.log_path, "w")
-            self._log_handle.write(f"$ {' '.join(self.command)}\n")
-            self._log_handle.flush()
             _RUNNING.add(self)
             env = server_env(self.engine, self.tmp_dir, self.extra_env, cpu=self.cpu)
             self._seed_modelinfos()  # before the start: vLLM reads its cache root as it starts
-            self.process = subprocess.Popen(
-                self.command,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_handle,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.cwd if self.cwd is not None else server_workdir(self.tmp_dir),
-                start_new_session=True,  # its own session and process group
-            )
-            self._root_start = create_time(self.process.pid)
-            self._wait_healthy()
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                log_start = self._log_handle.tell()
+                self._launch(env)
+                try:
+                    self._wait_healthy()
+                    break
+                except ServerStartError:
+                    # A free port is free only when asked: another server's own sockets (SGLang's ZMQ and
+                    # rendezvous ports, vLLM's) may take it before this one binds. That, and only that, is
+                    # tried again on a new port; the log keeps every attempt.
+                    if attempt == PORT_ATTEMPTS or not self._port_was_taken(log_start):
+                        raise
+                    self._discard_process()
+                    self._log_handle.write(f"# port {self.port} was taken before the server bound it; "
+                                           f"starting again on another (attempt {attempt + 1})\n")
+                    self._log_handle.flush()
         except BaseException:
             self.stop()
             raise
@@ -247,6 +248,42 @@ class EngineServer:
         # tmp_dir and seen_pids stay set, so callers can check that both are gone.
 
     # --- internals ------------------------------------------------------------------------
+
+    def _launch(self, env: Mapping[str, str]) -> None:
+        assert self._log_handle is not None and self.tmp_dir is not None
+        self.port = free_port(self.host)
+        self.command = server_command(self.engine, self.python, self.model, self.host, self.port,
+                                      self.version or "", self.server_args, cpu=self.cpu)
+        self._log_handle.write(f"$ {' '.join(self.command)}\n")
+        self._log_handle.flush()
+        self.process = subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            cwd=self.cwd if self.cwd is not None else server_workdir(self.tmp_dir),
+            start_new_session=True,  # its own session and process group
+        )
+        self._root_start = create_time(self.process.pid)
+
+    def _port_was_taken(self, log_start: int) -> bool:
+        """Whether the attempt whose log begins at byte ``log_start`` died because its port was in use."""
+        if self.process is None or self.process.poll() is None or self.log_path is None:
+            return False  # still running (not healthy in time): not a port race
+        with open(self.log_path, "rb") as log:
+            log.seek(log_start)
+            text = log.read().decode(errors="replace").lower()
+        return "address already in use" in text or "errno 98" in text
+
+    def _discard_process(self) -> None:
+        """Kill what is left of a failed attempt (its pids stay remembered for the final stop)."""
+        assert self.process is not None
+        self._signal_all(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while self._alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.process = None
 
     def _alive(self) -> bool:
         return any(pid_alive(pid, start) for pid, start in self.seen_pids.items())
