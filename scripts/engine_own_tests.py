@@ -15,7 +15,8 @@ What this script adds, the repository's own concerns:
   given as ``--hf-home``;
 - SGLang's tests, vendored in ``tests/upstream/sglang-<version>/`` and checked against their PINNED.json
   (scripts/support/sglang_tests.py), given as ``--tests``;
-- ``--record``: the record is docs/engine-own-tests.json (and docs/engine-own-tests-skipped.md beside it).
+- ``--record``: the record is docs/engine-own-tests.json (and docs/engine-own-tests-skipped.md beside it);
+  ``--release-from-record`` stands on it for the release run (``--release-from``), as CI does.
 
 Every other option goes to the command as it is. Exit codes are the command's: 0 equal pass sets, 1 a
 regression, 2 usage or setup error, 3 nothing to compare, 130 interrupted. It runs the *installed* toolkit
@@ -146,6 +147,8 @@ def command_line(args: argparse.Namespace, rest: list[str]) -> list[str]:
             raise Refused(str(exc)) from None
     if args.record:
         command += ["--record", str(RECORD)]
+    if args.release_from_record:
+        command += ["--release-from", str(RECORD)]
     if "--list" in rest:  # from the release's files in the cache: no venv is built
         return command
     python, shims = engine_venv(dist, version)
@@ -163,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true",
                         help="put this run in docs/engine-own-tests.json and rewrite docs/engine-own-tests-skipped.md "
                              "(then scripts/compat_matrix.py --write-doc)")
+    parser.add_argument("--release-from-record", action="store_true",
+                        help="take the release's outcomes from docs/engine-own-tests.json: only the patched copy "
+                             "runs, and the tests differing from the record run on the release too")
     for option, takes_value in PASSED_ON.items():
         parser.add_argument(option, action="append" if takes_value else "store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -216,6 +216,26 @@ def account(decoded: str, split: Split, parsers: Sequence[str] | None) -> list[s
     return notes
 
 
+KEPT_SPECIAL = ("special tokens' text kept, as the request asked (vLLM's mistral tool parser turns "
+                "skip_special_tokens off when tools are offered and the tokenizer is not mistral-common's)")
+
+
+def account_either(skipped: str, kept: str, split: Split, parsers: Sequence[str] | None) -> list[str]:
+    """:func:`account` of the ids decoded as the engine does by default (``skipped``: special tokens' text left
+    out) or, failing that, with it kept (``kept``): a parser may ask the engine to keep it for a request. The
+    first failure is the one raised; a pass on ``kept`` says so in the notes."""
+    try:
+        return account(skipped, split, parsers)
+    except Unaccounted:
+        if kept == skipped:
+            raise
+        try:
+            return [KEPT_SPECIAL, *account(kept, split, parsers)]
+        except Unaccounted:
+            pass
+        raise
+
+
 def _allowed(rules: Sequence[ParserRule]) -> str:
     markers = [m.replace("\\", "") for rule in rules for m in rule.markers]
     trims = any(rule.trims_whitespace for rule in rules)

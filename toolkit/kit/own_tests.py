@@ -14,6 +14,11 @@ release and on the patched release (issue 50; a command since issue 58).
 4. A test that passes on the release and not patched is rerun on both: still so, a regression; otherwise
    flaky, reported and not counted (:mod:`toolkit.kit.own_tests_compare`).
 
+``--release-from RECORD.json`` takes the release's outcomes from an earlier whole run's record
+(:mod:`toolkit.kit.own_tests_record`, which keeps every test that did not pass on the release) instead of
+running the release again: only the patched copy runs, and every test whose patched outcome differs from the
+record is then run on the release *and* patched again, so a regression is still one seen on the release now.
+
 Exit codes: 0 every release pass passes patched, 1 a regression, 2 usage or setup error, 3 nothing to
 compare (no test file chosen, or none collected), 130 interrupted.
 """
@@ -37,6 +42,7 @@ from toolkit.declare import Patch
 from toolkit.engine import interrupts
 from toolkit.errors import PatchError, UsageError
 from toolkit.kit import own_tests_compare as compare
+from toolkit.kit import own_tests_record as record
 from toolkit.kit import own_tests_select as select
 from toolkit.kit.own_tests_engine import ENGINES, EngineInstall, PytestRun, locate, private_copy, toolkit_view
 from toolkit.kit.own_tests_fetch import engine_tests_dir, fetch_tests, runner_site
@@ -70,6 +76,7 @@ class Options:
     tests: Path | None = None
     hf_home: Path | None = None
     paths: Sequence[Path] = ()
+    release_from: Path | None = None  # a record whose release outcomes stand for the release run
     say: Callable[[str], None] = field(default=lambda line: None)
 
 
@@ -224,14 +231,25 @@ def _compare(dist: str, version: str, chosen: Chosen, options: Options, install:
     pytest_run = PytestRun(install, root, runner, toolkit_view(work), hub, options.timeout, options.with_servers,
                            tuple(options.paths))
     files = list(selection.files)
-    options.say(f"{len(files)} test files; the release run ...")
-    release = pytest_run.run(release_root, files, logs / "release.log")
-    if not release:
-        raise NothingCompared(f"pytest collected no test of the {len(files)} files chosen (its output: "
-                              f"{logs / 'release.log'}): nothing to compare")
-    options.say(f"{len(release)} tests; the patched run ...")
     expect = ",".join(p.id for p in chosen.registered)  # an --extra-patch is not registered: not expected
-    patched = pytest_run.run(patched_root, files, logs / "patched.log", expect=expect)
+    recorded = None
+    if options.release_from is not None:
+        recorded = record.recorded_release(options.release_from, f"{dist}=={version}", [p.id for p in chosen.patches])
+        options.say(f"{len(files)} test files; the release's outcomes from {options.release_from} (recorded "
+                    f"{recorded['date']}); the patched run ...")
+        patched = pytest_run.run(patched_root, files, logs / "patched.log", expect=expect)
+        if not patched:
+            raise NothingCompared(f"pytest collected no test of the {len(files)} files chosen (its output: "
+                                  f"{logs / 'patched.log'}): nothing to compare")
+        release = record.release_outcomes(recorded, patched)
+    else:
+        options.say(f"{len(files)} test files; the release run ...")
+        release = pytest_run.run(release_root, files, logs / "release.log")
+        if not release:
+            raise NothingCompared(f"pytest collected no test of the {len(files)} files chosen (its output: "
+                                  f"{logs / 'release.log'}): nothing to compare")
+        options.say(f"{len(release)} tests; the patched run ...")
+        patched = pytest_run.run(patched_root, files, logs / "patched.log", expect=expect)
     rerun_release = rerun_patched = None
     differing = sorted(t for t in set(release) & set(patched)
                        if (release[t].outcome == compare.PASSED) != (patched[t].outcome == compare.PASSED))
@@ -249,4 +267,9 @@ def _compare(dist: str, version: str, chosen: Chosen, options: Options, install:
                          for group, tests in compare.grouped(result.failing_both).items()},
         "skipped_both": len(result.skipped_both), "only_in_one_run": result.only_in_one, "logs": str(logs),
         "failures": {t: patched[t].reason if t in patched else "not collected patched" for t in result.regressions},
+        # the release run's tests that did not pass (what a record keeps, so that a later run can stand on it)
+        "release_not_passed": {} if recorded is not None else
+        {t: o.outcome for t, o in sorted(release.items()) if o.outcome != compare.PASSED},
+        "release_from": None if recorded is None else {"record": str(options.release_from), "date": recorded["date"],
+                                                        "run_on_the_release_now": sorted(rerun_release or {})},
     }

@@ -12,6 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from toolkit.errors import UsageError
+from toolkit.kit.own_tests_compare import PASSED, Outcome
+
 Report = dict[str, Any]
 
 
@@ -36,7 +39,43 @@ def entry(report: Report) -> Report:
         "regressions": report["regressions"], "fixed": report["fixed"], "flaky": sorted(report["flaky"]),
         "not_run_servers": sorted(report["notes"]), "seconds": report["seconds"],
         "failing_both": report["failing_both"],
+        "release_not_passed": report["release_not_passed"],
     }
+
+
+def recorded_release(path: Path, release: str, patch_ids: list[str]) -> Report:
+    """The entry of ``release`` in the record at ``path``, to stand for the release run (``--release-from``):
+    it must exist, keep every test that did not pass on the release, and come from a run of the same patches."""
+    try:
+        item = load(path)["releases"].get(release)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--release-from {path}: cannot read it as a record: {exc}") from None
+    if item is None:
+        raise UsageError(f"--release-from {path}: no run of {release} in it (record one with --record)")
+    if "release_not_passed" not in item:
+        raise UsageError(f"--release-from {path}: its run of {release} ({item.get('date')}) predates the per-test "
+                         "outcomes a record keeps now; record it again with --record")
+    if sorted(item["patches"]) != sorted(patch_ids):
+        raise UsageError(f"--release-from {path}: its run of {release} applied {', '.join(item['patches'])}, this one "
+                         f"{', '.join(patch_ids)}; record a run of these patches, or run the release (no --release-from)")
+    return item
+
+
+def release_outcomes(item: Report, patched: dict[str, Outcome]) -> dict[str, Outcome]:
+    """The release outcomes of the tests of a patched run, as the record ``item`` has them: a test it lists as not
+    passing did so again (with the patched run's message where that one did not pass either, else the
+    record's), any other test passed. A test that differs is then run on the release for real (the rerun)."""
+    recorded_reasons = {entry["test"]: entry["reason"] for tests in item["failing_both"].values() for entry in tests}
+    outcomes: dict[str, Outcome] = {}
+    for test, now in patched.items():
+        kind = item["release_not_passed"].get(test, PASSED)
+        if kind == PASSED:
+            outcomes[test] = Outcome(PASSED)
+        elif now.outcome != PASSED:
+            outcomes[test] = Outcome(kind, now.reason, now.detail, now.trace)
+        else:
+            outcomes[test] = Outcome(kind, recorded_reasons.get(test, f"{kind} on the release (recorded)"))
+    return outcomes
 
 
 def _write(path: Path, text: str) -> None:

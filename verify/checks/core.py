@@ -8,11 +8,11 @@ from typing import Any
 
 from toolkit.verify.checks.base import (MESSAGES, OTHER_MESSAGES, TOOLS, Check, CheckFailed, CheckSkipped, Target,
                                         decoded, ids_evidence)
-from toolkit.verify.accounting import Unaccounted, account
+from toolkit.verify.accounting import Unaccounted, account_either
 from toolkit.verify.client import ChatOutcome, HTTPStatusError
 
 # What decode(token_ids) may differ from the parsed fields by: the engine strips special tokens' text
-# (skip_special_tokens), and each parser the server runs strips its markers and trims whitespace
+# (skip_special_tokens; or keeps it all where a parser asks it to for the request), and each parser the server runs strips its markers and trims whitespace
 # (toolkit.verify.accounting.RULES, per parser). Anything else is a mismatch.
 ROUND_TRIP_ALLOWANCE = "special tokens decode to nothing; the parsers' markers and trimmed whitespace"
 
@@ -30,9 +30,9 @@ def _decode_matches(target: Target, outcome: ChatOutcome, what: str) -> list[str
     returns what was matched loosely or left undecided (the check's report names it)."""
     notes: list[str] = []
     for index, choice in sorted(outcome.choices.items()):
-        text = decoded(target, choice.token_ids)
+        kept = target.tokenizer.decode(choice.token_ids, skip_special_tokens=False)
         try:
-            found = account(text, choice.split, target.parsers)
+            found = account_either(decoded(target, choice.token_ids), kept, choice.split, target.parsers)
         except Unaccounted as exc:
             raise CheckFailed(f"{what}: choice {index}: {exc.detail}", token_ids=choice.token_ids,
                               **exc.evidence) from None
