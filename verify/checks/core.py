@@ -12,8 +12,9 @@ from toolkit.verify.accounting import Unaccounted, account_either
 from toolkit.verify.client import ChatOutcome, HTTPStatusError
 
 # What decode(token_ids) may differ from the parsed fields by: the engine strips special tokens' text
-# (skip_special_tokens; or keeps it all where a parser asks it to for the request), and each parser the server runs strips its markers and trims whitespace
-# (toolkit.verify.accounting.RULES, per parser). Anything else is a mismatch.
+# (skip_special_tokens; or keeps it all where a parser asks it to for the request), and each parser the
+# server runs strips its markers and trims whitespace (toolkit.verify.accounting.RULES, per parser).
+# Anything else is a mismatch.
 ROUND_TRIP_ALLOWANCE = "special tokens decode to nothing; the parsers' markers and trimmed whitespace"
 
 
