@@ -85,11 +85,15 @@ QWEN3_FLAGS = {"vllm": ["--reasoning-parser", "qwen3", "--enable-auto-tool-choic
                "sglang": ["--reasoning-parser", "qwen3", "--tool-call-parser", "qwen25"]}
 
 
+LLAMA3_FLAGS = {"vllm": ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"],
+                "sglang": ["--tool-call-parser", "llama3"]}
+
+
 def assert_family(report: dict, venv: str, engine: str) -> None:
-    """On Qwen3 the report names the family read from the model and the parser flags it added for it (the
-    other family's flags follow its chat template, which scripts/make_family_model.py decides)."""
-    if VERIFY_FAMILY[venv] == "qwen3":
-        assert report["family"] == "qwen3" and report["family_args"] == QWEN3_FLAGS[engine], report
+    """The report names the family read from the model's chat template and the parser flags it added for it:
+    Qwen3's, and Llama 3's (its template's <|start_header_id|>; the flags of its family.json)."""
+    family, flags = {"qwen3": ("qwen3", QWEN3_FLAGS), "llama": ("llama3", LLAMA3_FLAGS)}[VERIFY_FAMILY[venv]]
+    assert report["family"] == family and report["family_args"] == flags[engine], report
 
 
 @pytest.mark.parametrize("venv", VLLM_ENVS)
