@@ -113,18 +113,19 @@ def test_cli_verify_passes_every_check_on_patched_vllm(venv, engine_python):
     assert set(statuses.values()) == {"pass"}
     assert {"responses-stream", "input-ids", "patch-sweep"} <= set(statuses)
     details = {r["name"]: r["detail"] for r in report["results"]}
-    # The multi-turn check: three turns through the prefix splice, the first calling a tool where the family's
-    # tool parser reads the Hermes format it is steered to (Qwen3: the model writes "<tool" "_call>" as two
+    # The multi-turn check: three turns through the prefix splice, the first calling a tool in the format the
+    # family's tool parser reads, which it is steered to (Qwen3: Hermes; the model writes "<tool" "_call>" as two
     # ids, which re-templating merges into the added token, so the report says where plain re-templating
-    # would have drifted); a parser that does not read it (Llama 3's llama3_json) leaves text turns.
+    # would have drifted); Llama 3 is steered to its JSON call, which llama3_json reads.
     multi_turn = details["multi-turn"]
+    assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = "), multi_turn
     if VERIFY_FAMILY[venv] == "qwen3":
-        assert multi_turn.startswith("turn 1 called get_weather; turn 2: prompt = "), multi_turn
         assert "plain re-templating drifts at token" in multi_turn
         # the parser moved the output to the reasoning field, and the checks account for it there
         assert "reasoning" in details["nonstream-decode"] and "reasoning" in details["stream-decode"], details
     assert "turn 3: prompt = " in multi_turn, multi_turn
-    print(f"verify on {VERIFY_FAMILY[venv]} took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s)")
+    print(f"verify on {VERIFY_FAMILY[venv]} took {report['seconds']:.1f}s (start-up {report['startup_seconds']:.1f}s); "
+          f"multi-turn: {multi_turn}")
 
 
 def test_patch_sweep_check_skips_when_the_server_runs_without_patching(vllm_python, tiny_model):

@@ -1,13 +1,13 @@
 """The `toolkit verify` check ``multi-turn`` (needs the tito patch, on either engine): a three-turn
 conversation with a tool call, through the prefix splice.
 
-Turn one asks for the weather with a tool offered and named in ``tool_choice`` (when the model does
-not finish the call, it is steered to a Hermes-format call by a regex: the verify server's default
-tool-call parser reads that format); turn two sends the tool's result, turn three a user question, each with the whole
-conversation as ``messages`` and the previous turn's ``prompt_token_ids + token_ids`` as
-``prefix_token_ids``. Each turn's prompt must start with those ids exactly, and the ids after them
-must carry the new message. The report also says whether plain re-templating (the same request
-without the prefix) would have kept the earlier ids, and where it drifted.
+Turn one asks for the weather with a tool offered and named in ``tool_choice`` (when the model does not finish
+the call, it is steered by a regex to a call in the format the server's tool-call parser reads: Llama 3's JSON
+for llama3_json / llama3, else Hermes, the verify server's default); turn two sends the tool's result, turn
+three a user question, each with the whole conversation as ``messages`` and the previous turn's
+``prompt_token_ids + token_ids`` as ``prefix_token_ids``. Each turn's prompt must start with those ids
+exactly, and the ids after them must carry the new message. The report also says whether plain re-templating
+(the same request without the prefix) would have kept the earlier ids, and where it drifted.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ TOOL_RESULT = "sunny, 21 degrees"
 FOLLOW_UP = "Thanks. And tomorrow?"
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 HERMES_CALL = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "Paris"\}\}\n</tool_call>'
+# Llama 3.1's JSON call (its template renders a call so; vLLM's llama3_json and SGLang's llama3 parsers read it)
+LLAMA3_CALL = r'\{"name": "get_weather", "parameters": \{"city": "Paris"\}\}'
+STEERED_CALLS = {"llama3_json": LLAMA3_CALL, "llama3": LLAMA3_CALL}  # any other parser: HERMES_CALL
 # get_weather with one city allowed: the named tool choice makes any model write this one short call.
 WEATHER_TOOL = [{"type": "function", "function": {
     **TOOLS[0]["function"],
@@ -86,12 +89,13 @@ def check_multi_turn(target: Target) -> str:
         first = _turn(target, messages, None, "turn 1", max_tokens=48, tools=WEATHER_TOOL, tool_choice=NAMED)
         tools: dict[str, Any] = {"tools": WEATHER_TOOL}
         if not _assistant(first).get("tool_calls"):
-            # The model did not finish a call (a tiny test model rambles in the arguments): steer it to
-            # the Hermes format that the verify server's default tool-call parser reads. A reasoning parser holds
-            # the grammar back until the model ends its reasoning, which a random model never does: thinking off
+            # The model did not finish a call (a tiny test model rambles in the arguments): steer it to the
+            # format the server's tool-call parser reads (Hermes: the verify server's default). A reasoning parser
+            # holds the grammar back until the model ends its reasoning, which a random model never does: thinking off
             # (Qwen3's template then closes the reasoning in the prompt; other templates ignore the switch), in
             # every turn, so that the templates stay the same.
-            steer = {"structured_outputs": {"regex": HERMES_CALL}} if target.engine == "vllm" else {"regex": HERMES_CALL}
+            call = next((STEERED_CALLS[p] for p in target.parsers or () if p in STEERED_CALLS), HERMES_CALL)
+            steer = {"structured_outputs": {"regex": call}} if target.engine == "vllm" else {"regex": call}
             tools["chat_template_kwargs"] = {"enable_thinking": False}
             first = _turn(target, messages, None, "turn 1", max_tokens=96, **tools, **steer)
     except HTTPStatusError as exc:
