@@ -274,7 +274,8 @@ class EngineServer:
         with open(self.log_path, "rb") as log:
             log.seek(log_start)
             text = log.read().decode(errors="replace").lower()
-        return "address already in use" in text or "errno 98" in text
+        # the OS's words (uvicorn, vLLM, ZMQ), and SGLang's when a port of its own plan was taken
+        return any(words in text for words in ("address already in use", "errno 98", "port is already in use"))
 
     def _discard_process(self) -> None:
         """Kill what is left of a failed attempt (its pids stay remembered for the final stop)."""

@@ -61,12 +61,15 @@ def problems_on(patch_ids: list[str], engine_name: str, dist: str, version: str)
         return ids, problems
 
 
-def main(patch_ids: list[str]) -> int:
+def main(args: list[str]) -> int:
+    """``PATCH_ID ... [--only DIST==VERSION ...]``: ``--only`` keeps those of the releases (scripts/test.sh --quick)."""
+    patch_ids = args[:args.index("--only")] if "--only" in args else args
+    only = set(args[args.index("--only") + 1:]) if "--only" in args else None
     named = [p for p in patch_registry.registry() if p.id in patch_ids]
     (engine_name,) = {p.engine for p in named}  # one engine's patches at a time
     known = releases.releases_of(engine_name, ">=0")
-    wanted = sorted({release for p in named for release in releases.releases_of(engine_name, p.versions)},
-                    key=known.index)
+    wanted = sorted({release for p in named for release in releases.releases_of(engine_name, p.versions)
+                     if only is None or f"{release[0]}=={release[1]}" in only}, key=known.index)
     report = {}
     for dist, version in wanted:
         applied, problems = problems_on(patch_ids, engine_name, dist, version)
