@@ -76,3 +76,8 @@ def test_a_broken_codemod_fails_the_comparison(release):
     assert code == 1 and not report["ok"], report
     assert report["regressions"] and all(test.startswith(test_file + "::") for test in report["regressions"])
     assert report["release_passed"] > len(report["regressions"])  # the release passes them: the patch broke them
+    # what a record keeps of this run of the release, for a later --release-from: every test that did not pass
+    not_passed = report["release_not_passed"]
+    assert not set(report["regressions"]) & set(not_passed)
+    assert {t["test"] for tests in report["failing_both"].values() for t in tests} <= set(not_passed)
+    assert report["tests"] - len(not_passed) == report["release_passed"]

@@ -134,48 +134,65 @@ def test_broken_by_the_patch():
 """
 
 
+BROKEN_BY_THE_PATCH = "test/unit/test_chat.py::test_broken_by_the_patch"
+FAILS_ON_BOTH = "test/unit/test_chat.py::test_fails_on_both"
+
+
+def record_of(path: Path, patches: list[str], not_passed: dict[str, str] | None) -> Path:
+    """A record as ``--record`` writes it, of a whole run of STANDING_ON_A_RECORD: the release failed
+    FAILS_ON_BOTH and passed the other two (what a run of both shows: the patch breaks only the third)."""
+    from toolkit.kit import own_tests_record
+
+    item = {"date": "2026-11-29", "patches": patches, "test_files": 1, "tests": 3, "release_passed": 2,
+            "patched_passed": 1, "regressions": [BROKEN_BY_THE_PATCH], "fixed": [], "flaky": [], "not_run_servers": [],
+            "seconds": 1.0, "failing_both": {"other": [{"test": FAILS_ON_BOTH, "reason": "AssertionError"}]}}
+    if not_passed is not None:
+        item["release_not_passed"] = not_passed
+    path.write_text(json.dumps({"schema": 1, "releases": {RELEASE: item}}))
+    assert own_tests_record.load(path)["releases"][RELEASE]["tests"] == 3
+    return path
+
+
+def test_a_record_that_cannot_stand_for_the_release_is_refused_before_any_copy(tmp_path, capsys, monkeypatch):
+    """Another release, other patches, or a record made before it kept per-test outcomes: one sentence, exit 2,
+    and no private copy was made (the record is read first)."""
+    monkeypatch.chdir(tmp_path)
+    cases = [(record_of(tmp_path / "other.json", ["tito"], {FAILS_ON_BOTH: "failed"}), "applied tito, this one token-ids"),
+             (record_of(tmp_path / "older.json", ["token-ids"], None), "record it again with --record"),
+             (tmp_path / "garbage.json", "cannot read it as a record")]
+    (tmp_path / "garbage.json").write_text("{not json")
+    for path, words in cases:
+        argv = ["own-tests", RELEASE, "--patch", "token-ids", "--tests", str(upstream_folder(tmp_path / path.stem, "")),
+                "--release-from", str(path), "--json"]
+        assert toolkit_main(argv) == 2
+        report = json.loads(capsys.readouterr().out)
+        assert report["ok"] is False and words in report["error"] and "\n" not in report["error"], report
+    other_release = record_of(tmp_path / "elsewhere.json", ["token-ids"], {})
+    other_release.write_text(other_release.read_text().replace(RELEASE, "sglang==0.5.22"))
+    assert toolkit_main(["own-tests", RELEASE, "--patch", "token-ids", "--release-from", str(other_release), "--json"]) == 2
+    assert "no run of sglang==0.5.23 in it" in json.loads(capsys.readouterr().out)["error"]
+    assert not copies_of(os.getpid())
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_run_standing_on_a_record_runs_only_what_differs_on_the_release(sglang_python, tmp_path):
     """``--release-from``: the release's outcomes from an earlier run's record (what CI does to halve the run):
     only the patched copy runs in full; the test the patch breaks differs from the record, so it runs on the
-    release now and is a regression; the one failing on both is taken as the record has it. A record of other
-    patches, or without per-test outcomes, is refused in one sentence."""
-    from toolkit.kit import own_tests_record
-
+    release now and is a regression; the one failing on both is taken as the record has it."""
+    record = record_of(tmp_path / "record.json", ["token-ids"], {FAILS_ON_BOTH: "failed"})
     tests = upstream_folder(tmp_path, STANDING_ON_A_RECORD)
-    whole = subprocess.run(command(sglang_python, tests, "--json"), cwd=tmp_path, capture_output=True, text=True,
-                           timeout=800)
-    report = json.loads(whole.stdout)
-    assert whole.returncode == 1 and report["regressions"] == ["test/unit/test_chat.py::test_broken_by_the_patch"]
-    assert report["release_not_passed"] == {"test/unit/test_chat.py::test_fails_on_both": "failed"}
-    record = tmp_path / "record.json"
-    own_tests_record.update(report, record)  # what --record writes
-
     standing = subprocess.run(command(sglang_python, tests, "--json", "--release-from", str(record)), cwd=tmp_path,
                               capture_output=True, text=True, timeout=800)
-    again = json.loads(standing.stdout)
+    report = json.loads(standing.stdout)
     assert standing.returncode == 1, standing.stderr
-    assert again["regressions"] == report["regressions"] and again["failures"] == report["failures"]
-    assert (again["tests"], again["release_passed"], again["patched_passed"]) == (3, 2, 1)
-    assert again["release_from"]["run_on_the_release_now"] == report["regressions"]  # what differed, run for real
-    assert [t["test"] for t in again["failing_both"]["other"]] == ["test/unit/test_chat.py::test_fails_on_both"]
-    logs = Path(again["logs"])
+    assert report["regressions"] == [BROKEN_BY_THE_PATCH] and "'toolkit' not in" in report["failures"][BROKEN_BY_THE_PATCH]
+    assert (report["tests"], report["release_passed"], report["patched_passed"]) == (3, 2, 1)
+    assert report["release_from"]["run_on_the_release_now"] == [BROKEN_BY_THE_PATCH]  # what differed, run for real
+    assert [t["test"] for t in report["failing_both"]["other"]] == [FAILS_ON_BOTH]
+    logs = Path(report["logs"])
     assert not (logs / "release.log").exists() and (logs / "rerun-release.log").is_file()
-
-    entry = json.loads(record.read_text())
-    entry["releases"][RELEASE]["patches"] = ["tito"]
-    record.write_text(json.dumps(entry))
-    other = subprocess.run(command(sglang_python, tests, "--release-from", str(record)), cwd=tmp_path,
-                           capture_output=True, text=True, timeout=800)
-    assert other.returncode == 2 and "applied tito, this one token-ids" in other.stderr, other.stderr
-    del entry["releases"][RELEASE]["release_not_passed"]
-    record.write_text(json.dumps(entry))
-    older = subprocess.run(command(sglang_python, tests, "--release-from", str(record)), cwd=tmp_path,
-                           capture_output=True, text=True, timeout=800)
-    assert older.returncode == 2 and "record it again with --record" in older.stderr, older.stderr
-    assert "Traceback" not in other.stderr + older.stderr
 
 
 SIGNAL_RUNS = 3  # bounded: each run is stopped within its first seconds

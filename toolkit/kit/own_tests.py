@@ -192,6 +192,9 @@ def run(options: Options) -> dict[str, Any]:
     """One own-tests run: the report (``--json``'s fields)."""
     dist, version = release_of(options.release)
     chosen = choose(dist, version, options)
+    recorded = None  # read before any copy is made: a record that cannot stand for the release is refused at once
+    if options.release_from is not None:
+        recorded = record.recorded_release(options.release_from, f"{dist}=={version}", [p.id for p in chosen.patches])
     started = time.monotonic()
     with _terminate_unwinds():
         root, folder = tests_root(dist, version, options)
@@ -202,7 +205,7 @@ def run(options: Options) -> dict[str, Any]:
         work = scratch / f"own-tests-{dist}-{version}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             work.mkdir()
-            report = _compare(dist, version, chosen, options, install, root, folder, runner, work)
+            report = _compare(dist, version, chosen, options, install, root, folder, runner, work, recorded)
         finally:
             with interrupts.held():  # a second Ctrl-C waits for the copies to go
                 shutil.rmtree(work, ignore_errors=True)
@@ -210,7 +213,7 @@ def run(options: Options) -> dict[str, Any]:
 
 
 def _compare(dist: str, version: str, chosen: Chosen, options: Options, install: EngineInstall, root: Path, folder: str,
-             runner: Path, work: Path) -> dict[str, Any]:
+             runner: Path, work: Path, recorded: dict[str, Any] | None) -> dict[str, Any]:
     release_root = private_copy(install, work / "release")
     selection = selection_of(root, folder, chosen, options, release_root / chosen.engine)
     if not selection.files:
@@ -232,9 +235,7 @@ def _compare(dist: str, version: str, chosen: Chosen, options: Options, install:
                            tuple(options.paths))
     files = list(selection.files)
     expect = ",".join(p.id for p in chosen.registered)  # an --extra-patch is not registered: not expected
-    recorded = None
-    if options.release_from is not None:
-        recorded = record.recorded_release(options.release_from, f"{dist}=={version}", [p.id for p in chosen.patches])
+    if recorded is not None:
         options.say(f"{len(files)} test files; the release's outcomes from {options.release_from} (recorded "
                     f"{recorded['date']}); the patched run ...")
         patched = pytest_run.run(patched_root, files, logs / "patched.log", expect=expect)
