@@ -18,6 +18,7 @@ it) was not decided instead of failing. Pure functions: the checks (checks/core.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -227,12 +228,9 @@ def account_either(skipped: str, kept: str, split: Split, parsers: Sequence[str]
     try:
         return account(skipped, split, parsers)
     except Unaccounted:
-        if kept == skipped:
-            raise
-        try:
-            return [KEPT_SPECIAL, *account(kept, split, parsers)]
-        except Unaccounted:
-            pass
+        if kept != skipped:
+            with contextlib.suppress(Unaccounted):
+                return [KEPT_SPECIAL, *account(kept, split, parsers)]
         raise
 
 

@@ -286,6 +286,29 @@ class QwenVocab:
     template: bool  # a pinned chat template and generation config
 
 
+def bos_byte_level_bpe(vocab: dict[str, int], merges: list[tuple[str, str]], pattern: str, bos: tuple[str, int],
+                       specials: list[str], first_special_id: int, kind: str):
+    """A ``tokenizers`` Tokenizer laid out as tekken's and Llama 3's: no normaliser, the split pattern isolated,
+    byte-level BPE, ``bos`` (token, id) put in front of every encoding, ``specials`` added as special tokens and
+    checked to sit at ``first_special_id`` on (``kind`` names them in the error)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    token, token_id = bos
+    tokenizer.post_processor = processors.TemplateProcessing(single=f"{token} $A", pair=f"{token} $A {token} $B",
+                                                             special_tokens=[(token, token_id)])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    wrong = [(t, tokenizer.token_to_id(t)) for i, t in enumerate(specials)
+             if tokenizer.token_to_id(t) != first_special_id + i]
+    if wrong:
+        raise TokenizerError(f"{kind} not at their ids: {wrong[:3]}")
+    return tokenizer
+
+
 def convert_qwen(out: Path, spec: QwenVocab) -> None:
     """tokenizer.json of ``spec``: converted, checked against tiktoken's merge on varied text, written."""
     ranks = tiktoken_ranks(wheel_member(QWEN_WHEEL, *spec.ranks))

@@ -65,23 +65,9 @@ def check_tokenizer_py() -> None:
 
 def convert(rank_table: dict[bytes, int]):
     """A ``tokenizers`` Tokenizer: rank r at id r, the 256 special tokens at 128000-128255, bos in front."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-
     vocab, merges = ft.vocab_and_merges(rank_table)
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
-        special_tokens=[("<|begin_of_text|>", BOS)])
-    specials = special_tokens()
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    wrong = [(t, tokenizer.token_to_id(t)) for i, t in enumerate(specials) if tokenizer.token_to_id(t) != BOS + i]
-    if wrong:
-        raise ft.TokenizerError(f"special tokens not at their ids: {wrong[:3]}")
-    return tokenizer
+    return ft.bos_byte_level_bpe(vocab, merges, PATTERN, ("<|begin_of_text|>", BOS), special_tokens(), BOS,
+                                 "special tokens")
 
 
 def samples() -> list[str]:

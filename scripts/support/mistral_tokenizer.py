@@ -60,8 +60,6 @@ def tekken() -> tuple[dict[bytes, int], str]:
 
 def convert(ranks: dict[bytes, int], pattern: str):
     """A ``tokenizers`` Tokenizer: the 1,000 control tokens at ids 0-999, rank r at id r + 1000."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-
     rank_vocab, merges = ft.vocab_and_merges(ranks)
     vocab = {text: rank + NUM_SPECIAL for text, rank in rank_vocab.items()}
     controls = control_tokens()
@@ -69,18 +67,7 @@ def convert(ranks: dict[bytes, int], pattern: str):
     if clash:
         raise ft.TokenizerError(f"control tokens {clash[:3]} are also byte-level tokens of {TEKKEN[0]}")
     vocab.update({content: i for i, content in enumerate(controls)})
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
-                                                             special_tokens=[("<s>", BOS)])
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in controls])
-    wrong = [(t, tokenizer.token_to_id(t)) for i, t in enumerate(controls) if tokenizer.token_to_id(t) != i]
-    if wrong:
-        raise ft.TokenizerError(f"control tokens not at their ids: {wrong[:3]}")
-    return tokenizer
+    return ft.bos_byte_level_bpe(vocab, merges, pattern, ("<s>", BOS), controls, 0, "control tokens")
 
 
 def samples() -> list[str]:

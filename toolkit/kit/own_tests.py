@@ -235,20 +235,22 @@ def _compare(dist: str, version: str, chosen: Chosen, options: Options, install:
                            tuple(options.paths))
     files = list(selection.files)
     expect = ",".join(p.id for p in chosen.registered)  # an --extra-patch is not registered: not expected
+
+    def collected(outcomes: dict[str, compare.Outcome], log: Path) -> dict[str, compare.Outcome]:
+        if not outcomes:
+            raise NothingCompared(f"pytest collected no test of the {len(files)} files chosen (its output: {log}): "
+                                  "nothing to compare")
+        return outcomes
+
     if recorded is not None:
         options.say(f"{len(files)} test files; the release's outcomes from {options.release_from} (recorded "
                     f"{recorded['date']}); the patched run ...")
-        patched = pytest_run.run(patched_root, files, logs / "patched.log", expect=expect)
-        if not patched:
-            raise NothingCompared(f"pytest collected no test of the {len(files)} files chosen (its output: "
-                                  f"{logs / 'patched.log'}): nothing to compare")
+        patched = collected(pytest_run.run(patched_root, files, logs / "patched.log", expect=expect),
+                            logs / "patched.log")
         release = record.release_outcomes(recorded, patched)
     else:
         options.say(f"{len(files)} test files; the release run ...")
-        release = pytest_run.run(release_root, files, logs / "release.log")
-        if not release:
-            raise NothingCompared(f"pytest collected no test of the {len(files)} files chosen (its output: "
-                                  f"{logs / 'release.log'}): nothing to compare")
+        release = collected(pytest_run.run(release_root, files, logs / "release.log"), logs / "release.log")
         options.say(f"{len(release)} tests; the patched run ...")
         patched = pytest_run.run(patched_root, files, logs / "patched.log", expect=expect)
     rerun_release = rerun_patched = None
