@@ -174,6 +174,21 @@ def test_a_change_to_the_codemods_code_is_a_new_key(kept, parses, monkeypatch):
     assert len(parses) == 2 and len(list(kept.iterdir())) == 2
 
 
+def test_every_toolkit_module_a_codemod_runs_on_is_part_of_the_key():
+    """The key's files are the whole toolkit package and toolkit.patches: the helpers the codemods call
+    (toolkit.codemod, toolkit.declare) and the engine's transform as much as the patches themselves. Once the
+    key covered toolkit/engine/ alone, and an edit to toolkit/codemod.py read the old results."""
+    import toolkit
+    import toolkit.codemod
+    import toolkit.declare
+    import toolkit.patches.vllm.tito.codemods as tito_codemods
+
+    roots = transform_cache._roots()
+    assert Path(toolkit.__file__).resolve().parent in roots
+    for module in (toolkit.codemod, toolkit.declare, transform, tito_codemods):
+        assert any(Path(module.__file__).resolve().is_relative_to(root) for root in roots), module.__name__
+
+
 def test_a_damaged_entry_is_a_miss_and_is_written_again(kept, parses):
     first = transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
     (entry,) = kept.iterdir()

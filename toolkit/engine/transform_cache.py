@@ -34,8 +34,9 @@ _fingerprint: str | None = None
 
 def _roots() -> list[Path]:
     """The toolkit package's directory and those of ``toolkit.patches`` (in a checkout, patches/ is
-    mapped onto it)."""
-    roots = [Path(__file__).resolve().parent]
+    mapped onto it). The package's, not this module's folder: the codemods run on ``toolkit.codemod`` and
+    ``toolkit.declare`` too, so an edit there must be a new key."""
+    roots = [Path(__file__).resolve().parents[1]]
     try:
         spec = importlib.util.find_spec("toolkit.patches")
     except ImportError:
