@@ -136,9 +136,11 @@ def evaluate_releases(chosen: list[tuple[str, str]], *, jobs: int = 2) -> list[C
         engine = LINES[dist][0]
         for patch_id, digest in keyed:
             first = checked[(*seen[(engine, patch_id, digest)], patch_id)]
+            patch = patches[(engine, patch_id)]
+            # what depends on the version, not on the files' bytes, is the release's own
             cells.append(first if (first.dist, first.version) == (dist, version) else
                          Cell(**{**asdict(first), "dist": dist, "version": version,
-                                 "declared": patches[(engine, patch_id)].supports(version)}))
+                                 "declared": patch.supports(version), "not_needed": patch.not_needed_on(version)}))
     assign_groups(cells)
     return cells
 

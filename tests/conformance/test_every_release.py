@@ -108,5 +108,6 @@ def test_a_release_that_shares_its_groups_gets_the_cells_its_own_check_gives(mat
     assert {c.patch for c in own} == set(copied)
     for cell in own:
         got = copied[cell.patch]
-        assert (got.declared, got.anchors_found, got.anchors_total, got.missing, got.golden, got.digest) == (
-            cell.declared, cell.anchors_found, cell.anchors_total, cell.missing, cell.golden, cell.digest), cell.patch
+        assert (got.declared, got.not_needed, got.anchors_found, got.anchors_total, got.missing, got.golden,
+                got.digest) == (cell.declared, cell.not_needed, cell.anchors_found, cell.anchors_total, cell.missing,
+                                cell.golden, cell.digest), cell.patch
