@@ -259,8 +259,15 @@ def build_slim(source: SourceTree, relpaths: Sequence[str], dest: Path) -> Path:
         (tmp / name).write_bytes(data)
     (tmp / SLIM_MARKER).write_text(json.dumps({"from": source.origin.name, "requested": list(relpaths),
                                                "sha256": hashes}, indent=1) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
+    # The old tree renamed aside and removed once the new one is in place, not removed where it lies: a reader
+    # never meets a half-removed tree, and the moment without one is two renames, not a whole rmtree.
+    old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
+    try:
+        os.replace(dest, old)
+    except FileNotFoundError:
+        pass
     publish(tmp, dest)
+    shutil.rmtree(old, ignore_errors=True)
     return dest
 
 
@@ -284,26 +291,30 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
 
     dest = slim_dir(dist, version)
     requested = slim_requested(dest)
-    damage = None
-    if requested is not None and requested >= set(relpaths):
-        damage = slim_damage(dest)
-        if damage is None:
-            return dest
-        print(f"{damage}: cutting the slim tree of {dist}=={version} again from the release", file=sys.stderr,
-              flush=True)
-    unpacked = source_dir(dist, version)
-    if (unpacked / MARKER).is_file():
-        return build_slim(load_source(unpacked), sorted({*relpaths, *widen_to, *(requested or ())}), dest)
-    if offline and find_wheel(dist, version) is None:
-        if damage is not None:
-            raise PatchError(f"{damage}, and offline forbids downloading {dist}=={version} to cut it again "
-                             f"(run without --offline, or delete {dest})")
-        raise PatchError(f"{dist}=={version} is not in the cache ({cache_dir()}) with every file asked for, "
-                         "and offline forbids the download")
+    if requested is not None and requested >= set(relpaths) and slim_damage(dest) is None:
+        return dest  # the common case: no lock
+    # Everything else under the release's lock, looked at again there: another run may be cutting or widening
+    # this tree right now (between its old tree's removal and the new one's rename there is none), or have cut
+    # it (and deleted its wheel) while this one waited. Read without the lock, an offline run took that moment
+    # for "not in the cache".
     with source_lock(dist, version):
-        requested = slim_requested(dest)  # another run may have cut it (and deleted its wheel) while this one waited
-        if requested is not None and requested >= set(relpaths) and slim_damage(dest) is None:
-            return dest
+        requested = slim_requested(dest)
+        damage = None
+        if requested is not None and requested >= set(relpaths):
+            damage = slim_damage(dest)
+            if damage is None:
+                return dest
+            print(f"{damage}: cutting the slim tree of {dist}=={version} again from the release", file=sys.stderr,
+                  flush=True)
+        unpacked = source_dir(dist, version)
+        if (unpacked / MARKER).is_file():
+            return build_slim(load_source(unpacked), sorted({*relpaths, *widen_to, *(requested or ())}), dest)
+        if offline and find_wheel(dist, version) is None:
+            if damage is not None:
+                raise PatchError(f"{damage}, and offline forbids downloading {dist}=={version} to cut it again "
+                                 f"(run without --offline, or delete {dest})")
+            raise PatchError(f"{dist}=={version} is not in the cache ({cache_dir()}) with every file asked for, "
+                             "and offline forbids the download")
         cached = find_wheel(dist, version) is not None
         wheel = download(dist, version)
         try:

@@ -178,7 +178,10 @@ class EngineServer:
         # The server's environment decides which release it runs (a private copy first on its PYTHONPATH):
         # the version picks its flags and the kept model-class inspections it shares.
         self.distribution, self.version = engine_version(self.engine, self.python, self.extra_env)
-        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"toolkit-{self.engine}-server-"))
+        # A short name: Ray puts its AF_UNIX sockets (107 bytes at most) in the server's TMPDIR, ~70 bytes down
+        # (tmp/ray/session_<date>_<time>_<pid>/sockets/plasma_store); under "toolkit-vllm-server-..." a TMPDIR
+        # a few characters longer than /tmp failed `--distributed-executor-backend ray` at start.
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix=f"tk-{self.engine}-"))
         try:
             if self.log_path is None:
                 self.log_path = self.tmp_dir / "server.log"

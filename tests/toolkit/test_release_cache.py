@@ -88,3 +88,37 @@ def test_a_matrix_reuses_the_slim_tree_a_patch_test_cut_with_its_files_alone(ind
 def test_a_cut_the_matrix_makes_anyway_holds_every_registered_patchs_files(index):
     matrix.run([demo_patches.SECOND], [RELEASE])  # SECOND edits one file; the registry's patches two
     assert_only_the_slim_tree(releases.cache_dir())
+
+
+def test_an_offline_read_during_another_runs_cut_waits_for_it_instead_of_saying_not_cached(index, monkeypatch):
+    """The from-nothing CI run (2026-11-29): one worker widened a release's slim tree while another read it
+    --offline; in the moment between the old tree's removal and the new one's rename the reader said "not in
+    the cache". A reader that does not find what it needs looks again under the release's lock, which the
+    cutting run holds until its tree is in place."""
+    import threading
+
+    slim = releases.ensure_slim(*RELEASE, ["srt/serving.py"])
+    aside = slim.with_name(slim.name + ".being-cut")
+    looked, outcome = threading.Event(), []
+    unlocked_look = releases.slim_requested
+
+    def slim_requested(path):
+        found = unlocked_look(path)
+        looked.set()
+        return found
+
+    def read_offline():
+        try:
+            outcome.append(releases.ensure_slim(*RELEASE, ["srt/serving.py"], offline=True))
+        except Exception as exc:  # noqa: BLE001 - what the reader says is the test's result
+            outcome.append(exc)
+
+    monkeypatch.setattr(releases, "slim_requested", slim_requested)
+    with releases.source_lock(*RELEASE):  # another run cutting the tree: its old tree gone, the new one not yet
+        slim.rename(aside)
+        reader = threading.Thread(target=read_offline)
+        reader.start()
+        assert looked.wait(30), "the reader never looked"
+        aside.rename(slim)
+    reader.join(30)
+    assert outcome == [slim]
