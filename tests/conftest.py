@@ -42,10 +42,10 @@ def _codemod_results_per_test():
 
 # `scripts/test.sh --quick` (TOOLKIT_QUICK=1), the loop run after every change: the same tests with
 # fewer drawn examples: each property test draws at most QUICK_EXAMPLES, and the fault suite faults a
-# sample of the calls (tests/toolkit/test_faults.py: every 14th over the real engine trees, every other one
+# sample of the calls (tests/toolkit/test_faults.py: every 14th over the real engine trees, every third one
 # over the demo tree). CI runs them all.
 QUICK = _os.environ.get("TOOLKIT_QUICK") == "1"
-QUICK_EXAMPLES = 10
+QUICK_EXAMPLES = 5
 
 
 def pytest_collection_modifyitems(config, items):

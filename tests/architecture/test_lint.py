@@ -41,7 +41,8 @@ def test_mypy_sees_the_folders_where_they_install(tmp_path):
 
 def test_test_sh_lints_before_pytest_in_the_full_run_and_quick():
     script = (REPO_ROOT / "scripts" / "test.sh").read_text()
-    lint_at = script.index('phase "lint (ruff, mypy)" "$DEV_PYTHON" scripts/lint.py')
+    # a phase of the builds before pytest (parallel_phases: any failing one stops the run there)
+    lint_at = script.index('parallel_phases "lint (ruff, mypy)=$DEV_Q scripts/lint.py"')
     assert lint_at < script.index('"$DEV_PYTHON" -m pytest')
     # not inside the --quick branch (or any other if): both runs reach it
     before = script[:script.rindex("\n", 0, lint_at)].splitlines()
