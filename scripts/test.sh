@@ -27,9 +27,10 @@ FAILED_PHASES=$(mktemp "${TMPDIR:-/tmp}/toolkit-failed.XXXXXX")
 # Codemod results shared by this run's processes (toolkit/engine/transform_cache.py): a release's file rewritten
 # the same way by the matrix, the conformance suite, the SGLang group runs and each server's apply runs
 # libcst once. Kept between runs (the full run and --quick alike) in <cache>/codemods: an entry's key holds
-# every .py file of the toolkit package (patches included), libcst, Python, the source and the engine
-# version, so a change to any of them computes afresh and a kept entry is exactly what libcst would
-# compute again; entries written over a day ago are dropped. From nothing (a new machine, CI's first run)
+# the code that decides it (the transformers' modules, the engine's transform and guard, every module of the
+# package they import), libcst, Python, the source and the engine version, so a change to any of them computes
+# afresh (an edit to the CLI or the verifier does not) and a kept entry is exactly what libcst would compute
+# again; entries written over a day ago are dropped. From nothing (a new machine, CI's first run)
 # every codemod runs.
 CODEMOD_CACHE="${TOOLKIT_CACHE_DIR:-$HOME/.cache/toolkit}/codemods"
 mkdir -p "$CODEMOD_CACHE"

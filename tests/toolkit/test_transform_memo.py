@@ -166,27 +166,34 @@ def test_the_next_process_reads_the_result_instead_of_running_libcst(kept, parse
     assert len(parses) == 5, "a finish with other arguments is another result"
 
 
-def test_a_change_to_the_codemods_code_is_a_new_key(kept, parses, monkeypatch):
+def test_a_change_to_the_codemods_code_is_a_new_key(kept, parses, monkeypatch, tmp_path):
+    code = tmp_path / "code.py"
+    monkeypatch.setattr(transform_cache, "key_files", lambda modules: {"code": code})
+    monkeypatch.setattr(transform_cache, "_fingerprints", {})
+    code.write_text("A = 1\n")
     transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
-    monkeypatch.setattr(transform_cache, "_fingerprint", "another checkout's code")
+    code.write_text("A = 2\n")  # another checkout's code: a new process computes the fingerprint again
     transform.forget()
+    transform_cache._fingerprints.clear()
     transform.transform_or_raise(demo_patches.DEMO, EDIT, demo_patches.PROTOCOL, "0.5.9")
     assert len(parses) == 2 and len(list(kept.iterdir())) == 2
 
 
-def test_every_toolkit_module_a_codemod_runs_on_is_part_of_the_key():
-    """The key's files are the whole toolkit package and toolkit.patches: the helpers the codemods call
-    (toolkit.codemod, toolkit.declare) and the engine's transform as much as the patches themselves. Once the
-    key covered toolkit/engine/ alone, and an edit to toolkit/codemod.py read the old results."""
-    import toolkit
-    import toolkit.codemod
-    import toolkit.declare
-    import toolkit.patches.vllm.tito.codemods as tito_codemods
+def test_the_key_holds_the_code_a_codemod_runs_and_only_that():
+    """The key's files: each transformer's module, the engine's transform and guard, and every module of the
+    package they import (toolkit.codemod, toolkit.declare, ...), found with ast. Once the key covered
+    toolkit/engine/ and patches/ alone, and an edit to toolkit/codemod.py read the old results; then it covered
+    every file of the package, and an edit to the CLI computed every codemod of a test run again."""
+    from toolkit import patch_registry
 
-    roots = transform_cache._roots()
-    assert Path(toolkit.__file__).resolve().parent in roots
-    for module in (toolkit.codemod, toolkit.declare, transform, tito_codemods):
-        assert any(Path(module.__file__).resolve().is_relative_to(root) for root in roots), module.__name__
+    for patch in patch_registry.registry():
+        modules = sorted({t.__module__ for edit in patch.files for t in edit.load_transformers()})
+        files = transform_cache.key_files(modules)
+        assert {*modules, "toolkit.codemod", "toolkit.declare", "toolkit.engine.transform",
+                "toolkit.engine.guard"} <= files.keys(), (patch.id, sorted(files))
+        assert not {"toolkit.cli", "toolkit.api", "toolkit.verify.run", "toolkit.engine.patching"} & files.keys()
+        for name, path in files.items():
+            assert path.name.endswith(".py") and path.is_file(), name
 
 
 def test_a_damaged_entry_is_a_miss_and_is_written_again(kept, parses):

@@ -7,15 +7,18 @@ another node of a cluster reading a shared directory, the test suite's many proc
 instead of running libcst again: seconds per large file.
 
 Only the patches of this distribution are kept: every transformer's module must lie under the
-``toolkit`` package (``toolkit.patches`` included), whose ``.py`` files are all part of every key, with
-libcst's and Python's versions. A change to any of them is a new key; a transformer from elsewhere (an
-out-of-tree patch, a test's) is never kept. An entry that cannot be read is a miss, never an error; one
-that cannot be written is skipped, and one in a folder another user could write is never read (an
-entry is a pickle). Unset (the default), nothing is read or written.
+``toolkit`` package (``toolkit.patches`` included). Part of every key, with libcst's and Python's versions: the
+code that decides the result, the ``.py`` files of the transformers' modules, of this engine's transform and
+guard (the finishing step), and of every module of the package they import, found by reading their imports
+(lazy ones too) with ``ast``. An edit to any of them is a new key; an edit elsewhere in the package (the CLI,
+the verifier) keeps the entries. A transformer from elsewhere (an out-of-tree patch, a test's) is never kept.
+An entry that cannot be read is a miss, never an error; one that cannot be written is skipped, and one in a
+folder another user could write is never read (an entry is a pickle). Unset (the default), nothing is read or written.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import os
@@ -29,13 +32,12 @@ from toolkit.engine import fs
 
 CACHE_ENV = "TOOLKIT_CODEMOD_CACHE"
 _FORMAT = 1
-_fingerprint: str | None = None
+_fingerprints: dict[frozenset[str], str] = {}  # per set of transformer modules, once a process
 
 
 def _roots() -> list[Path]:
     """The toolkit package's directory and those of ``toolkit.patches`` (in a checkout, patches/ is
-    mapped onto it). The package's, not this module's folder: the codemods run on ``toolkit.codemod`` and
-    ``toolkit.declare`` too, so an edit there must be a new key."""
+    mapped onto it): where a transformer must live to be kept."""
     roots = [Path(__file__).resolve().parents[1]]
     try:
         spec = importlib.util.find_spec("toolkit.patches")
@@ -46,19 +48,69 @@ def _roots() -> list[Path]:
     return roots
 
 
-def _code_fingerprint() -> str:
-    """sha256 over every ``.py`` file of the toolkit package (patches included), libcst and Python."""
-    global _fingerprint
-    if _fingerprint is None:
+# The engine's own modules that run every codemod: the transform and the finishing step (the guard).
+_ENGINE_MODULES = ("toolkit.engine.transform", "toolkit.engine.guard", "toolkit.engine.transform_cache")
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of module ``name`` of this package, or None (not a module: a name inside one)."""
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None) if module is not None else None
+    if path is None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError, AttributeError):
+            return None
+        path = spec.origin if spec is not None else None
+    return Path(path).resolve() if path and path.endswith(".py") else None
+
+
+def _imported(path: Path, name: str) -> set[str]:
+    """The modules of this package that the module ``name`` at ``path`` imports, anywhere in its code."""
+    tree = ast.parse(path.read_bytes(), str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            for alias in node.names:  # `from pkg import module`: the module; `from pkg import name`: pkg
+                found.add(f"{target}.{alias.name}" if _module_file(f"{target}.{alias.name}") else target)
+    return {n for n in found if n.startswith("toolkit.")}
+
+
+def key_files(modules: Sequence[str]) -> dict[str, Path]:
+    """Module name -> file of ``modules``, the engine's transform and guard, and every module of this package
+    they import, and those import, read with ``ast``."""
+    files: dict[str, Path] = {}
+    pending = [*modules, *_ENGINE_MODULES]
+    while pending:
+        name = pending.pop()
+        if name in files:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        files[name] = path
+        pending.extend(_imported(path, name) - files.keys())
+    return files
+
+
+def _code_fingerprint(modules: Sequence[str]) -> str:
+    """sha256 over the files :func:`key_files` names (each by its module name), libcst and Python."""
+    wanted = frozenset(modules)
+    if wanted not in _fingerprints:
         import libcst
 
         digest = hashlib.sha256(f"{_FORMAT}\0{getattr(libcst, '__version__', '?')}\0{sys.version}\0".encode())
-        for root in _roots():
-            for path in sorted(root.rglob("*.py")):
-                digest.update(f"{path.relative_to(root)}\0".encode())
-                digest.update(hashlib.sha256(path.read_bytes()).digest())
-        _fingerprint = digest.hexdigest()
-    return _fingerprint
+        for name, path in sorted(key_files(sorted(wanted)).items()):
+            digest.update(f"{name}\0".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+        _fingerprints[wanted] = digest.hexdigest()
+    return _fingerprints[wanted]
 
 
 def _ours(transformers: Sequence[Any]) -> bool:
@@ -78,7 +130,7 @@ def entry_path(key: Hashable, transformers: Sequence[Any]) -> Path | None:
     if not directory or not _ours(transformers):
         return None
     try:
-        text = repr((_code_fingerprint(), _stable(key)))
+        text = repr((_code_fingerprint([t.__module__ for t in transformers]), _stable(key)))
     except Exception:  # noqa: BLE001 - a key part this cache cannot name the same way in every process
         return None
     return Path(directory) / hashlib.sha256(text.encode()).hexdigest()
