@@ -4,6 +4,21 @@ times each folder; tests/harness/workers.py gives each parallel (xdist) worker i
 
 pytest_plugins = ["tests.harness.fixtures", "tests.harness.workers", "tests.harness.phases"]
 
+import sys as _sys
+
+# This machine's image sets PYTHONDONTWRITEBYTECODE=1, so each worker of every run rewrote (pytest's assertion
+# rewriting) and compiled all ~250 test modules again: about 8 s of a worker's 12 s collection. Collection
+# writes their bytecode (tests/**/__pycache__, and the checkout's modules the tests import at module level:
+# ignored by git) and every later run reads it; the tests themselves run with the machine's setting
+# (pytest_collection_finish), so no import during a test leaves a __pycache__ in a tree a test compares.
+_DONT_WRITE_BYTECODE = _sys.dont_write_bytecode
+_sys.dont_write_bytecode = False
+
+
+def pytest_collection_finish(session):
+    _sys.dont_write_bytecode = _DONT_WRITE_BYTECODE
+
+
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # an engine venv running a single test file
@@ -25,7 +40,6 @@ if _signal.getsignal(_signal.SIGINT) is _signal.SIG_IGN:
 
 
 import os as _os
-import sys as _sys
 
 import pytest as _pytest
 
