@@ -119,15 +119,22 @@ fi
 
 set +e
 start=$SECONDS
-# Two workers (pytest-xdist) on the two cores: much of a run waits on engine start-ups and subprocesses.
+# Parallel workers (pytest-xdist) on the two cores. The full run: three, since much of it waits on engine
+# start-ups, servers' replies and subprocesses; two left about a tenth of the CPU idle, three keep both cores
+# busy (vmstat: 0.7% idle) and the run took 2700 s where two took 2983-3047 s, warm, on this 2-core machine
+# (docs/benchmarks.md). --quick: two, its tests are CPU work in the worker itself (Triton's interpreter,
+# libcst); a third only shared the cores (211 s against 157 s, back to back).
 # A worker takes a test file at a time, except that the long per-release files go a release at a time
-# (tests/harness/workers.py, SPLIT_BY_RELEASE); each worker gets its own copies of the engine venvs. TOOLKIT_TEST_WORKERS=0 runs serially; `-n 0` among the arguments too.
+# (tests/harness/workers.py, SPLIT_BY_RELEASE); each worker gets its own copies of the engine venvs.
+# TOOLKIT_TEST_WORKERS sets the number; 0 runs serially; `-n 0` among the arguments too.
 # --durations: the slowest tests are named in every CI log, where cutting the run's time starts.
 select=()
+workers=3
 if [ "$QUICK" = 1 ]; then
     select=(-m "not server and not engine and not packaging")
+    workers=2
 fi
-"$DEV_PYTHON" -m pytest -p no:cacheprovider -n "${TOOLKIT_TEST_WORKERS:-2}" --dist loadfile --durations=40 "${select[@]}" "$@"
+"$DEV_PYTHON" -m pytest -p no:cacheprovider -n "${TOOLKIT_TEST_WORKERS:-$workers}" --dist loadfile --durations=40 "${select[@]}" "$@"
 code=$?
 printf '%s\t%s\n' "$((SECONDS - start))" "pytest (all)" >> "$PHASES"
 set -e

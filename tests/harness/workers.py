@@ -1,4 +1,5 @@
-"""Parallel test workers (pytest-xdist; scripts/test.sh runs ``-n 2``): each worker its own engine venvs.
+"""Parallel test workers (pytest-xdist; scripts/test.sh runs ``-n 3``, ``-n 2`` with --quick): each worker its own
+engine venvs.
 
 Tests apply, revert and restore patches in the engine venvs and start servers from them; two workers
 sharing a venv would see each other's patches. So each xdist worker runs on a private cache
