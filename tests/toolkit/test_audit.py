@@ -176,8 +176,9 @@ def real_trees(wanted: Sequence[tuple[str, str]] = TWO_RELEASES) -> list[tuple[s
     """The releases ``wanted``, cached: the slim tree cut with every registered patch's files too, so a later
     matrix or conformance run reuses it (the catalog's kv-xfer-tolerate-freed conformance test reads the same
     file of every vLLM release: no download of its own in a full run)."""
-    _, relpaths, _ = kit_audit.parse_upstream(UPSTREAM)  # the files the audit reads: scheduler.py, or a package's
-    for dist, version in wanted:                         # __init__.py (cut here, or an --offline audit refuses)
+    # the files the audit reads (scheduler.py, or a package's __init__.py): cut here, or an --offline audit refuses
+    _, relpaths, _ = kit_audit.parse_upstream(UPSTREAM)
+    for dist, version in wanted:
         releases.release_tree(dist, version, relpaths, widen_to=sorted(patch_registry.catalog("vllm").relpaths()))
     return list(wanted)
 
