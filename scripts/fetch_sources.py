@@ -26,7 +26,7 @@ if str(REPO_ROOT) not in sys.path:
 from toolkit import releases  # noqa: E402
 from toolkit.errors import PatchError  # noqa: E402
 # The cache layout, for the scripts that load this one as a module (scripts/envs.py):
-from toolkit.releases import DEFAULT_SOURCES, MARKER, locked, source_dir, source_lock, sources_dir  # noqa: E402,F401
+from toolkit.releases import DEFAULT_SOURCES, UNPACKED_MARKER, locked, source_dir, source_lock, sources_dir  # noqa: E402,F401
 
 
 def fetch(dist: str, version: str) -> Path:

@@ -15,7 +15,7 @@ from typing import Callable, ClassVar, Mapping, Sequence, TypeVar
 import libcst as cst
 import libcst.matchers as m
 
-from toolkit.declare import ENGINES, FileEdit, Patch, PatchContext  # noqa: F401 (the names patches import)
+from toolkit.declare import FileEdit, Patch, PatchContext
 
 # Kit API v1 (docs/kit-reference.md); the declarations are re-exported because patches import them from here.
 __all__ = ["AnchoredTransformer", "class_named", "in_method", "self_call", "has_params", "is_field",

@@ -15,6 +15,8 @@ from typing import Any, Callable, Sequence, Union
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from toolkit.base import engines
+
 # Kit API v1 (docs/writing-patches.md, "What is public"; docs/kit-reference.md).
 __all__ = ["Patch", "FileEdit", "PatchContext", "KIT_VERSION"]
 
@@ -23,7 +25,6 @@ __all__ = ["Patch", "FileEdit", "PatchContext", "KIT_VERSION"]
 # package written against it, and listed in CHANGELOG.md.
 KIT_VERSION = 1
 
-ENGINES = ("vllm", "sglang")
 # Specifier operators that bound a range from above (``==0.5.*`` and ``~=0.5.9`` do too).
 UPPER_BOUNDS = ("<", "<=", "==", "~=", "===")
 
@@ -104,7 +105,7 @@ class Patch:
     after: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
+        if self.engine not in engines.ENGINES:
             raise ValueError(f"patch {self.id}: unknown engine {self.engine!r}")
         if not isinstance(self.versions, str):
             raise TypeError(f"patch {self.id}: versions must be one range such as '>=0.5.9,<=0.5.23', "

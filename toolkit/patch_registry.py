@@ -13,15 +13,15 @@ engine's :class:`Catalog` goes down with them, so nothing below looks an id up a
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from toolkit.base import engines
+from toolkit.base.suggest import did_you_mean
 from toolkit.declare import Patch
 from toolkit.errors import RegistryError, UsageError
 
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 ENTRY_POINT_GROUP = "toolkit.patches"
 OWN_DISTRIBUTION = "serving-toolkit"
 
@@ -61,17 +61,6 @@ def _own_first(entry: object) -> int:
     dist = getattr(entry, "dist", None)
     name = (getattr(dist, "name", "") or "").lower().replace("_", "-")
     return 0 if name == OWN_DISTRIBUTION else 1
-
-
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    """ "; did you mean X?" for a near miss among ``choices``, else ""."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
-
-
-def check_engine(engine: str | None) -> None:
-    if engine is not None and engine not in ENGINE_NAMES:
-        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang{did_you_mean(str(engine), list(ENGINE_NAMES))}")
 
 
 @dataclass(frozen=True)
@@ -161,7 +150,7 @@ class Selection:
             return {self.engine}
         if self.patches is not None:
             return {p.engine for p in self.patches}
-        return set(ENGINE_NAMES)
+        return set(engines.NAMES)
 
     def catalog(self, engine: str) -> Catalog:
         return catalog(engine, self.known)
@@ -174,15 +163,14 @@ class Selection:
 
     def wanted_engines(self) -> str:
         """The engine(s) asked for, as users write them: "vLLM", "SGLang" or "vLLM or SGLang"."""
-        names = sorted(self.engines(), key=list(ENGINE_NAMES).index)
-        return " or ".join(ENGINE_NAMES[name] for name in names) or "vLLM or SGLang"
+        return engines.titles(self.engines()) or engines.titles()
 
 
 def select(engine: str | None = None, patch_ids: Sequence[str] | None = None) -> Selection:
     """Resolve a command's engine and patch ids against the registry, read once here. Every id names a
     known patch, and one of ``engine``'s when an engine is named: a patch id of another engine must
     never widen the command to all of this engine's patches."""
-    check_engine(engine)
+    engines.check_engine(engine)
     known = tuple(registry())
     if not patch_ids:
         return Selection(engine, None, known)

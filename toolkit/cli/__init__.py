@@ -20,6 +20,7 @@ from rich.console import Console
 from toolkit.base.version import __version__  # noqa: F401  (`toolkit --version` says it: cli.parser)
 from toolkit import api, patch_registry
 from toolkit.base import outcome
+from toolkit.base.engines import titles
 from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
 from toolkit.cli import output as out
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
@@ -95,7 +96,7 @@ def cmd_status(args: argparse.Namespace, console: Console) -> int:
         if args.json:
             out.emit_json(True, patches=[])
         else:
-            console.print(f"no vLLM or SGLang installed for {args.python or sys.executable}", markup=False,
+            console.print(f"no {titles()} installed for {args.python or sys.executable}", markup=False,
                           highlight=False)
         return 0
     if not per_engine:
@@ -131,7 +132,7 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
         out.emit_json(True, engines=[asdict(r) for r in results])
         return 0
     where = args.python or sys.executable
-    nothing = f"nothing to repair: no {args.engine or 'vLLM or SGLang'} and no toolkit state for {where}"
+    nothing = f"nothing to repair: no {args.engine or titles()} and no toolkit state for {where}"
     out.print_repair(console, results, nothing, args.verbose)
     if args.verbose:
         for installed in api.find_engines(args.python):  # the engines repaired: no patch lookup needed

@@ -19,7 +19,6 @@ from rich.table import Table
 from toolkit.base import outcome
 from toolkit.engine.discovery import InstalledEngine
 
-JSON_SCHEMA = outcome.JSON_SCHEMA
 STATE_STYLE = {"applied": "green", "not applied": "dim", "not needed": "dim", "partial": "yellow",
                "drifted": "red", "in progress": "cyan", "patched, no manifest": "red", "runtime missing": "red"}
 SHOWN_FILES = 5  # files listed per engine without -v

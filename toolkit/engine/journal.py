@@ -15,7 +15,8 @@ from typing import Callable
 
 from toolkit.engine import fs, interrupts
 from toolkit.errors import PatchError, io_error
-from toolkit.engine.state import FILE_MODE, Manifest, StateDir, remove_stale_bytecode
+from toolkit.base.cache_files import FILE_MODE
+from toolkit.engine.state import Manifest, StateDir, remove_stale_bytecode
 
 
 @dataclass

@@ -13,7 +13,8 @@ from toolkit.declare import FileEdit, Patch
 from toolkit.engine.discovery import EDITABLE, InstalledEngine
 from toolkit.errors import DriftError, PatchError
 from toolkit.engine.overlap import refuse_unordered
-from toolkit.engine.state import FILE_MODE, RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.base.cache_files import FILE_MODE
+from toolkit.engine.state import RECOVER, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.base.version import __version__
 from toolkit.engine.journal import FileChange, read_or_none
 from toolkit.patch_registry import Catalog, markers_in

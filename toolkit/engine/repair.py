@@ -27,13 +27,14 @@ from toolkit.engine import patching as _engine
 from toolkit import patch_registry, releases
 from toolkit.base.cache_files import fresh_private_folder, restrict
 from toolkit.engine import fs
-from toolkit.engine.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize
+from toolkit.base.engines import NAMES as ENGINE_NAMES
+from toolkit.engine.discovery import STATE_DIRNAME, InstalledEngine, _normalize
 from toolkit.errors import CorruptManifest, PatchError, io_error
 from toolkit.engine.journal import FileChange, write_all_or_nothing
 from toolkit.patch_registry import Catalog, markers_in
 from toolkit.engine.plan import engine_file, link_refused, refuse_links
 from toolkit.engine.sources import SourceTree, load_source
-from toolkit.engine.state import STATE_DIRNAME, FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
+from toolkit.engine.state import FileRecord, Manifest, StateDir, sha256_bytes, sha256_file
 from toolkit.base.version import __version__
 
 # (distribution, version) -> a wheel file or an unpacked tree of that release; tests pass their own.
@@ -223,7 +224,7 @@ def orphan_states(site_dirs: list[Path], installed: list[InstalledEngine]) -> li
     present = {(e.site_dir.resolve(), e.engine) for e in installed}
     orphans = []
     for site_dir in site_dirs:
-        for engine_name in sorted({engine for engine, _ in ENGINE_DISTRIBUTIONS.values()}):
+        for engine_name in sorted(ENGINE_NAMES):
             state = StateDir(site_dir, engine_name)
             if (site_dir / STATE_DIRNAME / engine_name).is_dir() and (site_dir.resolve(), engine_name) not in present:
                 orphans.append(state)

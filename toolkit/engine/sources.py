@@ -8,7 +8,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.engine.discovery import ENGINE_DISTRIBUTIONS, InstalledEngine, _normalize, owning_distribution
+from toolkit.base.engines import DISTRIBUTIONS, titles
+from toolkit.engine.discovery import InstalledEngine, _normalize, owning_distribution
 from toolkit.errors import PatchError, UsageError
 
 
@@ -50,7 +51,7 @@ def _metadata(raw: bytes, where: str) -> tuple[str, str]:
         raise UsageError(f"{where} is not UTF-8 text, so not distribution metadata") from None
     message = email.parser.Parser().parsestr(text, headersonly=True)
     name, version = str(message["Name"] or "").strip(), str(message["Version"] or "").strip()
-    if _normalize(name) in ENGINE_DISTRIBUTIONS and not version:
+    if _normalize(name) in DISTRIBUTIONS and not version:
         raise UsageError(f"{where} names {name} but has no Version field")
     return _normalize(name), version
 
@@ -61,8 +62,8 @@ def _owner_first(origin: Path, claims: list[tuple[str, str, Path]]) -> list[tupl
     import importlib.metadata
 
     if len(claims) > 1:
-        engine, package = ENGINE_DISTRIBUTIONS[claims[0][0]]
-        rivals = [c for c in claims if ENGINE_DISTRIBUTIONS[c[0]] == (engine, package)]
+        engine, package = DISTRIBUTIONS[claims[0][0]].name, DISTRIBUTIONS[claims[0][0]].package
+        rivals = [c for c in claims if DISTRIBUTIONS[c[0]].name == engine]
         dists: list[tuple[str, importlib.metadata.Distribution]] = [
             (name, importlib.metadata.PathDistribution(info)) for name, _, info in rivals]
         first = rivals[dists.index(owning_distribution(origin / package, engine, dists))]
@@ -87,9 +88,9 @@ def load_source(path: str | Path, release: tuple[str, str] | None = None) -> Sou
 def _named_release(path: str | Path, release: tuple[str, str]) -> SourceTree:
     """The engine folder ``path`` (the package folder itself, or a folder holding it) as ``release``."""
     dist, version = release
-    if _normalize(dist) not in ENGINE_DISTRIBUTIONS or not version:
-        raise UsageError(f"{dist}=={version}: not a vLLM or SGLang release")
-    engine, package = ENGINE_DISTRIBUTIONS[_normalize(dist)]
+    if _normalize(dist) not in DISTRIBUTIONS or not version:
+        raise UsageError(f"{dist}=={version}: not a {titles()} release")
+    engine, package = DISTRIBUTIONS[_normalize(dist)].name, DISTRIBUTIONS[_normalize(dist)].package
     origin = Path(path).resolve()
     if origin.is_file() and origin.suffix == ".whl":
         raise UsageError(f"{path}: a wheel names its own release; --release is for a folder without metadata")
@@ -123,20 +124,20 @@ def _load_source(path: str | Path) -> SourceTree:
             beside = []
             for meta in sorted(origin.parent.glob("*.dist-info/METADATA")):
                 name, version = _metadata(meta.read_bytes(), str(meta))
-                if name in ENGINE_DISTRIBUTIONS and ENGINE_DISTRIBUTIONS[name][1] == origin.name:
+                if name in DISTRIBUTIONS and DISTRIBUTIONS[name].package == origin.name:
                     beside.append((name, version, meta.parent))
             for name, version in _owner_first(origin.parent, beside)[:1]:
-                engine, package = ENGINE_DISTRIBUTIONS[name]
+                engine, package = DISTRIBUTIONS[name].name, DISTRIBUTIONS[name].package
                 return SourceTree(engine, name, version, origin.parent, package)
         claims = []
         for meta in sorted(origin.glob("*.dist-info/METADATA")):
             name, version = _metadata(meta.read_bytes(), str(meta))
-            if name in ENGINE_DISTRIBUTIONS:
+            if name in DISTRIBUTIONS:
                 claims.append((name, version, meta.parent))
         candidates.extend(_owner_first(origin, claims))
     for name, version in candidates:
-        if name in ENGINE_DISTRIBUTIONS:
-            engine, package = ENGINE_DISTRIBUTIONS[name]
+        if name in DISTRIBUTIONS:
+            engine, package = DISTRIBUTIONS[name].name, DISTRIBUTIONS[name].package
             return SourceTree(engine, name, version, origin, package)
-    raise UsageError(f"{path}: no vLLM or SGLang distribution metadata found (a *.dist-info/METADATA beside the "
+    raise UsageError(f"{path}: no {titles()} distribution metadata found (a *.dist-info/METADATA beside the "
                      "package); for a folder without it, name the release: --release DIST==VERSION")

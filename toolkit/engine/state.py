@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from toolkit.base.cache_files import FILE_MODE
 from toolkit.engine import fs
 from toolkit.engine.bytecode_prefix import remove_in, remove_under_prefix
+from toolkit.engine.discovery import STATE_DIRNAME
 from toolkit.errors import CorruptManifest, LockTimeout, PatchError, io_error
 
 MANIFEST_FORMAT = 1
-STATE_DIRNAME = ".toolkit-state"
 DIR_MODE = 0o755
-FILE_MODE = 0o644
 MANIFEST_STATES = ("applying", "applied", "reverting")
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from toolkit.base import engines
 from toolkit import releases
 from toolkit.errors import PatchError, UsageError
 
@@ -260,7 +261,8 @@ def parse_upstream(upstream: str) -> tuple[str, list[str], list[str]]:
     """``vllm.v1.core.sched.scheduler:Scheduler.method`` -> (engine, candidate relpaths, qualname parts)."""
     module, sep, qualname = upstream.partition(":")
     top = module.split(".")[0]
-    if not sep or not qualname or top not in ("vllm", "sglang") or not all(p.isidentifier() for p in module.split(".")):
+    packages = {engine.package for engine in engines.ENGINES.values()}
+    if not sep or not qualname or top not in packages or not all(p.isidentifier() for p in module.split(".")):
         raise UsageError(f"{upstream!r}: expected the engine's module:qualname, such as "
                          "vllm.v1.core.sched.scheduler:Scheduler._update_from_kv_xfer_finished")
     rest = "/".join(module.split(".")[1:])

