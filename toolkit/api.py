@@ -8,14 +8,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
-from toolkit.engine import patching as _engine
+from toolkit.engine import patching
 from toolkit.engine import interrupts
-from toolkit.engine.discovery import InstalledEngine, interpreter
-from toolkit.engine.discovery import find_engines as find_engines  # `as`: the CLI imports it from here
-from toolkit.engine.patching import PatchState, Result
+from toolkit.engine.discovery import InstalledEngine, find_engines, interpreter
+from toolkit.engine.patching import Result
+from toolkit.engine.status import PatchState
 from toolkit.errors import UsageError
-from toolkit.patch_registry import Selection
-from toolkit.patch_registry import select as select  # `as`: the CLI imports it from here
+from toolkit.patch_registry import Selection, select
 
 if TYPE_CHECKING:
     from toolkit.engine.repair import FetchRelease, RepairResult
@@ -111,7 +110,7 @@ def apply_each(selection: Selection, python: str | None = None, *, python_option
     """Apply ``selection`` to each installed engine it is about (``options``: :func:`toolkit.engine.patching.apply`'s
     force, dry_run, allow_unknown_version, allow_editable, lock_timeout); one :class:`Result` per engine,
     each also handed to ``on_result`` as soon as it is committed."""
-    return _each(_engine.apply, selection, python, python_option, around, options, on_result)
+    return _each(patching.apply, selection, python, python_option, around, options, on_result)
 
 
 def revert_each(selection: Selection, python: str | None = None, *, python_option: str = "python=PATH",
@@ -119,7 +118,7 @@ def revert_each(selection: Selection, python: str | None = None, *, python_optio
                 **options: object) -> list[Result]:
     """Revert ``selection`` (no patch named: every patch) on each installed engine it is about
     (``options``: :func:`toolkit.engine.patching.revert`'s force, dry_run, lock_timeout; ``on_result`` as above)."""
-    return _each(_engine.revert, selection, python, python_option, around, options, on_result)
+    return _each(patching.revert, selection, python, python_option, around, options, on_result)
 
 
 def apply_patch(
@@ -130,7 +129,7 @@ def apply_patch(
     allow_unknown_version: bool = False,
     allow_editable: bool = False,
     force: bool = False,
-    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
 ) -> bool:
     """Apply patches to the installed engine(s) of ``python`` (default: this interpreter).
 
@@ -154,7 +153,7 @@ def revert_patch(
     python: str | None = None,
     *,
     force: bool = False,
-    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
 ) -> bool:
     """Revert patches (default: all) byte-for-byte. True when files changed. With ``force``, files
     changed since they were patched are overwritten too, but only those the named patches edit."""
@@ -174,7 +173,7 @@ def patch_status(engine: str | None = None, python: str | None = None) -> list[P
 
 def status_each(selection: Selection, python: str | None) -> list[tuple[InstalledEngine, list[PatchState]]]:
     """Each installed engine ``selection`` is about, with its status rows."""
-    return [(installed, _engine.status(installed, catalog=selection.catalog(installed.engine)))
+    return [(installed, patching.status(installed, catalog=selection.catalog(installed.engine)))
             for installed in engines_of(selection, python)]
 
 
@@ -183,7 +182,7 @@ def repair_engines(
     python: str | None = None,
     *,
     fetch: "FetchRelease | None" = None,
-    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
 ) -> list["RepairResult"]:
     """Put each installed engine back to its release's files (checked against pip's RECORD), clear its
     patch state, and remove the state of engines no longer installed. ``fetch(dist, version)`` gives

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Sequence, Union
 
 from toolkit import patch_registry
-from toolkit.engine import patching as engine
+from toolkit.engine import patching, status
 from toolkit import releases as _releases  # the module; `releases` is a parameter below
 from toolkit.engine.check import file_outcomes
 from toolkit.declare import Patch, PatchContext, TransformerRef
@@ -148,7 +148,7 @@ def golden_problems(tree: SourceTree, patch: Patch, root: Path, *, allow_unknown
     problems: list[str] = []
     options: dict[str, Any] = {"catalog": catalog}
     try:
-        result = engine.apply(installed, [patch], allow_unknown_version=allow_unknown_version, **options)
+        result = patching.apply(installed, [patch], allow_unknown_version=allow_unknown_version, **options)
     except PatchError as exc:
         return [f"apply refused: {exc}"]
     if sorted(result.changed_files) != sorted(relpaths):
@@ -161,19 +161,19 @@ def golden_problems(tree: SourceTree, patch: Patch, root: Path, *, allow_unknown
             problems.append(f"{relpath}: patched result does not compile: {exc}")
         if f"# toolkit:{patch.id}" not in text:
             problems.append(f"{relpath}: no `# toolkit:{patch.id}` marker")
-    states = [s.state for s in engine.status(installed, **options) if s.patch_id == patch.id]
-    if states != [engine.APPLIED]:
+    states = [s.state for s in patching.status(installed, **options) if s.patch_id == patch.id]
+    if states != [status.APPLIED]:
         problems.append(f"status after apply is {states}, not applied")
-    if engine.apply(installed, [patch], allow_unknown_version=allow_unknown_version, **options).changed_files:
+    if patching.apply(installed, [patch], allow_unknown_version=allow_unknown_version, **options).changed_files:
         problems.append("a second apply changed files (must have nothing to do)")
-    engine.revert(installed, [patch], **options)
+    patching.revert(installed, [patch], **options)
     changed = sorted(r for r, digest in digests(installed, relpaths).items() if digest != before[r])
     if changed:
         problems.append(f"revert is not byte-identical: {changed}")
     left = sorted(p.name for p in (installed.site_dir / ".toolkit-state" / tree.engine).iterdir())
     if left != ["lock"]:
         problems.append(f"revert left {left} in the state directory (want only the lock)")
-    if {s.state for s in engine.status(installed, **options) if s.patch_id == patch.id} != {engine.NOT_APPLIED}:
+    if {s.state for s in patching.status(installed, **options) if s.patch_id == patch.id} != {status.NOT_APPLIED}:
         problems.append("status after revert is not `not applied`")
     return problems
 
@@ -199,30 +199,30 @@ def composition_problems(tree: SourceTree, patch: Patch, other: Patch, root: Pat
 
     try:
         pristine = state()
-        engine.apply(installed, [patch], allow_unknown_version=True, **opts)
+        patching.apply(installed, [patch], allow_unknown_version=True, **opts)
         alone_a = state()
-        engine.revert(installed, **opts)
-        engine.apply(installed, [other], allow_unknown_version=True, **opts)
+        patching.revert(installed, **opts)
+        patching.apply(installed, [other], allow_unknown_version=True, **opts)
         alone_b = state()
-        engine.revert(installed, **opts)
-        engine.apply(installed, [patch], allow_unknown_version=True, **opts)
-        engine.apply(installed, [other], allow_unknown_version=True, **opts)
+        patching.revert(installed, **opts)
+        patching.apply(installed, [patch], allow_unknown_version=True, **opts)
+        patching.apply(installed, [other], allow_unknown_version=True, **opts)
         a_then_b = state()
         for relpath in relpaths:
             try:
                 compile((Path(installed.package_dir) / relpath).read_text(), relpath, "exec")
             except SyntaxError as exc:
                 problems.append(f"with {b}: {relpath} does not compile with both applied: {exc}")
-        engine.revert(installed, [patch], **opts)
+        patching.revert(installed, [patch], **opts)
         expect(f"reverting {a} did not leave {b} as if applied alone", alone_b)
-        engine.revert(installed, **opts)
+        patching.revert(installed, **opts)
         expect("reverting both is not byte-identical", pristine)
-        engine.apply(installed, [other], allow_unknown_version=True, **opts)
-        engine.apply(installed, [patch], allow_unknown_version=True, **opts)
+        patching.apply(installed, [other], allow_unknown_version=True, **opts)
+        patching.apply(installed, [patch], allow_unknown_version=True, **opts)
         expect(f"applying {b} then {a} gave other bytes than {a} then {b}", a_then_b)
-        engine.revert(installed, [other], **opts)
+        patching.revert(installed, [other], **opts)
         expect(f"reverting {b} did not leave {a} as if applied alone", alone_a)
-        engine.revert(installed, **opts)
+        patching.revert(installed, **opts)
         expect("reverting both is not byte-identical", pristine)
     except PatchError as exc:
         problems.append(f"with {b}: refused: {exc}")

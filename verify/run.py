@@ -104,7 +104,7 @@ def engine_install(engine: str | None, python: str | None):
 
 def check_names(names: Sequence[str] | None, every_check: Sequence[Any]) -> None:
     """Every name a caller asks for is a check (a usage error before anything starts)."""
-    from toolkit.patch_registry import did_you_mean
+    from toolkit.base.suggest import did_you_mean
 
     known = [c.name for c in every_check]
     unknown = sorted(set(names or ()) - set(known))

@@ -23,6 +23,7 @@ import pytest
 from tests.harness.fixtures import ensure_source_tree
 from toolkit import patch_registry
 from toolkit.engine import patching as engine
+from toolkit.engine import status as states
 from toolkit.releases import DEFAULT_SOURCES
 from toolkit.engine.sources import load_source
 from toolkit.testing import copy_files, digests, golden_problems
@@ -104,7 +105,7 @@ def test_all_patches_of_a_tree_compose_and_revert_one_by_one(dist, version, tmp_
         by_id.apply(installed, [patch.id])
         by_id.revert(installed, [patch.id])
         assert digests(installed, relpaths) == without, f"reverting {patch.id} disturbed {others}"
-        assert {s.patch_id: s.state for s in engine.status(installed)}[patch.id] == engine.NOT_APPLIED
+        assert {s.patch_id: s.state for s in engine.status(installed)}[patch.id] == states.NOT_APPLIED
     engine.revert(installed)
     assert digests(installed, relpaths) == before
     shutil.rmtree(tmp_path / "site")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from toolkit import patch_registry, releases
 from toolkit.engine import patching as engine
+from toolkit.engine import status as patch_states
 from toolkit.errors import PatchError
 from toolkit.testing import copy_files, digests
 
@@ -44,7 +45,7 @@ def problems_on(patch_ids: list[str], engine_name: str, dist: str, version: str)
             return ids, [f"apply of {', '.join(ids)} refused: {exc}"]
         problems = []
         states = {s.patch_id: s.state for s in engine.status(installed, catalog=catalog)}
-        problems += [f"{i} is {states.get(i)} with all applied" for i in ids if states.get(i) != engine.APPLIED]
+        problems += [f"{i} is {states.get(i)} with all applied" for i in ids if states.get(i) != patch_states.APPLIED]
         for p in together:
             for edit in p.files_for(version):
                 text = (Path(installed.package_dir) / edit.relpath).read_text()

@@ -14,6 +14,7 @@ import pytest
 from tests.toolkit import demo_patches
 from toolkit import patch_registry
 from toolkit.engine import patching as engine
+from toolkit.engine import status as states
 from toolkit.errors import PatchError
 from toolkit.engine.sources import load_source
 from toolkit.base.version import __version__
@@ -63,15 +64,15 @@ def test_a_patch_whose_package_is_gone_stays_in_status_and_revert_restores_the_r
     engine.apply(installed)
     monkeypatch.setattr(patch_registry, "registry", lambda: [demo_patches.DEMO])  # `pip uninstall` of theirs
     rows = {row.patch_id: row for row in engine.status(installed)}
-    assert rows["demo"].state == engine.APPLIED
+    assert rows["demo"].state == states.APPLIED
     gone = rows["their-fix"]
-    assert (gone.state, gone.supported, gone.files) == (engine.DRIFTED, False, {"srt/serving.py": "patched"})
+    assert (gone.state, gone.supported, gone.files) == (states.DRIFTED, False, {"srt/serving.py": "patched"})
     assert "no installed package registers their-fix now" in gone.detail and "toolkit revert sglang" in gone.detail
     with pytest.raises(PatchError, match="does not know: their-fix .*a patch package since uninstalled"):
         by_id.apply(installed, ["demo"])
     engine.revert(installed)
     assert _digest(installed) == before
-    assert [row.state for row in engine.status(installed)] == [engine.NOT_APPLIED]
+    assert [row.state for row in engine.status(installed)] == [states.NOT_APPLIED]
 
 
 def test_status_judges_their_runtime_by_their_package_not_by_serving_toolkit(tmp_path, monkeypatch):
@@ -81,10 +82,10 @@ def test_status_judges_their_runtime_by_their_package_not_by_serving_toolkit(tmp
     monkeypatch.setattr(patch_registry, "registry", lambda: [present])
     installed = _probed(tmp_path, "")  # that interpreter has no serving-toolkit
     by_id.apply(installed, ["their-fix"])
-    assert [row.state for row in engine.status(installed)] == [engine.APPLIED]
+    assert [row.state for row in engine.status(installed)] == [states.APPLIED]
     monkeypatch.setattr(patch_registry, "registry", lambda: [FOREIGN])  # its package is their_fix_pkg
     (row,) = engine.status(installed)
-    assert row.state == engine.RUNTIME_MISSING
+    assert row.state == states.RUNTIME_MISSING
     assert row.detail.startswith(f"{sys.executable} cannot import their_fix_pkg, the runtime of their-fix")
     assert f"toolkit revert sglang --python {sys.executable}" in row.detail
     engine.revert(installed)

@@ -20,6 +20,7 @@ import pytest
 from tests.toolkit import demo_patches
 from toolkit import patch_registry
 from toolkit.engine import patching as engine
+from toolkit.engine import status as states
 from toolkit.codemod import AnchoredTransformer, FileEdit, Patch
 from toolkit.errors import PatchError
 from toolkit.engine.overlap import edited_functions
@@ -97,7 +98,7 @@ def test_patches_editing_other_functions_of_one_file_need_no_order(tmp_path, mon
     _use(monkeypatch, demo_patches.DEMO, demo_patches.SECOND)  # handle and other, both in srt/serving.py
     installed = _installed(tmp_path)
     engine.apply(installed)
-    assert [row.state for row in engine.status(installed)] == [engine.APPLIED, engine.APPLIED]
+    assert [row.state for row in engine.status(installed)] == [states.APPLIED, states.APPLIED]
 
 
 def test_a_circle_of_after_is_one_sentence(monkeypatch):

@@ -20,6 +20,7 @@ from tests.toolkit import demo_patches
 from tests.toolkit.demo_patches import AddFieldToResponse, WrapHandle
 from toolkit import cli, matrix, patch_registry
 from toolkit.engine import patching as engine
+from toolkit.engine import status as states
 from toolkit.engine.check import check_source
 from toolkit.declare import FileEdit, Patch
 from toolkit.errors import PatchError
@@ -142,14 +143,14 @@ def test_apply_status_check_revert_on_each_release(tmp_path, monkeypatch, versio
         assert after.get(relpath) == pristine.get(relpath)
 
     (row,) = engine.status(installed, catalog=catalog(MOVED))
-    assert row.state == engine.APPLIED and row.files == {relpath: "patched" for relpath in edited}
+    assert row.state == states.APPLIED and row.files == {relpath: "patched" for relpath in edited}
     assert not by_id.apply(installed, ["moved"], catalog=catalog(MOVED)).changed_files  # nothing to do
 
     engine.revert(installed, catalog=catalog(MOVED))
     assert read_all(site) == pristine
     assert [p.name for p in (site / ".toolkit-state" / "sglang").iterdir()] == ["lock"]
     (row,) = engine.status(installed, catalog=catalog(MOVED))
-    assert row.state == engine.NOT_APPLIED
+    assert row.state == states.NOT_APPLIED
 
 
 def test_status_without_a_manifest_reads_the_markers_of_the_releases_files(tmp_path):
@@ -158,7 +159,7 @@ def test_status_without_a_manifest_reads_the_markers_of_the_releases_files(tmp_p
     by_id.apply(installed, ["moved"], catalog=catalog(MOVED))
     (site / ".toolkit-state" / "sglang" / "manifest.json").unlink()
     (row,) = engine.status(installed, catalog=catalog(MOVED))
-    assert row.state == engine.NO_MANIFEST and row.files == {PROTOCOL: "patched", HANDLERS: "patched"}
+    assert row.state == states.NO_MANIFEST and row.files == {PROTOCOL: "patched", HANDLERS: "patched"}
 
 
 def test_two_patches_on_one_function_are_refused_only_where_both_edit_its_file(tmp_path):

@@ -34,7 +34,7 @@ from scripts.support.superlinear_requests import COVERING_ENV, complete_all
 from scripts.support.tested_releases import VLLM_RL_RELEASE_ENVS, VLLM_RL_RELEASE_PATCHES, env_release
 from tests.harness.fixtures import ensure_family_model, verify_url_report
 from tests.patches.vllm.superlinear.serving import GEN, assert_covering_equals_the_reference, covering_reference
-from toolkit.cli import VERIFY_CHECKS
+from toolkit.verify.checks import NAMES as VERIFY_CHECKS
 from toolkit.verify.run import DEFAULT_TOOL_ARGS
 
 pytestmark = [pytest.mark.engine, pytest.mark.server]

@@ -17,20 +17,20 @@ from typing import Any, Sequence
 
 from rich.console import Console
 
-from toolkit.base.version import __version__  # noqa: F401  (`toolkit --version` says it: cli.parser)
 from toolkit import api, patch_registry
 from toolkit.base import outcome
 from toolkit.base.engines import titles
-from toolkit.api import apply_each, installed_engines, revert_each, select, status_each
+from toolkit.api import apply_each, installed_engines, revert_each, status_each
 from toolkit.cli import output as out
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
 from toolkit.cli import own_tests
-from toolkit.cli.parser import VERIFY_CHECKS, _Parser, build_parser  # noqa: F401  (VERIFY_CHECKS: tests read it here)
+from toolkit.cli.parser import _Parser, build_parser
 from toolkit.cli.ray import cmd_on_cluster
-from toolkit.engine import patching as _engine
+from toolkit.engine.check import check_source
 from toolkit.engine.discovery import InstalledEngine, interpreter
 from toolkit.engine.sources import load_source
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
+from toolkit.patch_registry import select
 from toolkit.kit import scaffold
 
 PYTHON_OPTION = "--python PATH"
@@ -135,9 +135,7 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
     nothing = f"nothing to repair: no {args.engine or titles()} and no toolkit state for {where}"
     out.print_repair(console, results, nothing, args.verbose)
     if args.verbose:
-        for installed in api.find_engines(args.python):  # the engines repaired: no patch lookup needed
-            if args.engine not in (None, installed.engine):
-                continue
+        for installed in api.engines_of(select(args.engine), args.python):  # the engines repaired
             console.print(f"{installed.engine}: {installed.package_dir} (python {installed.python})",
                           markup=False, highlight=False)
     return 0
@@ -148,7 +146,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
     source = load_source(args.source, parse_release(args.release) if args.release else None)
     selection = select(source.engine, args.patches)  # the ids resolved once, against the tree's engine
-    checks = _engine.check_source(source, selection.named(source.engine), catalog=selection.catalog(source.engine))
+    checks = check_source(source, selection.named(source.engine), catalog=selection.catalog(source.engine))
     ok = all(c.ok for c in checks)
     if args.json:
         out.emit_json(ok, **out.check_json(source, checks))

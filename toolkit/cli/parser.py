@@ -18,8 +18,8 @@ from toolkit.cli import own_tests
 from toolkit.cli.ray import add_ray_options
 from toolkit.engine.patching import DEFAULT_LOCK_TIMEOUT
 from toolkit.kit import scaffold
-from toolkit.verify.checks import NAMES as VERIFY_CHECKS  # the names only: no check module loads
-from toolkit.patch_registry import did_you_mean
+from toolkit.verify import checks as verify_checks  # the names only: no check module loads
+from toolkit.base.suggest import did_you_mean
 
 
 class _Parser(argparse.ArgumentParser):
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="extra server argument, repeatable; write --server-arg=--flag for flags")
     p.add_argument("--url", help="verify an already-running server instead of launching one")
     p.add_argument("--checks", metavar="NAMES",
-                   help=f"comma-separated check names (default: all): {', '.join(VERIFY_CHECKS)}")
+                   help=f"comma-separated check names (default: all): {', '.join(verify_checks.NAMES)}")
     p.add_argument("--timeout", type=_seconds, default=300.0, metavar="S", help="server start-up limit")
     _add_output(p)
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
 from toolkit.base import engines
-from toolkit.engine import patching as _engine
+from toolkit.engine import patching
 from toolkit.cluster.connect import connected, first_line
 from toolkit.api import check_lock_timeout, check_patches_arg
 from toolkit.errors import PatchError, UsageError
@@ -112,7 +112,7 @@ def apply_patch_on_cluster(
     allow_unknown_version: bool = False,
     allow_editable: bool = False,
     force: bool = False,
-    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
     node_timeout: float = DEFAULT_NODE_TIMEOUT,
 ) -> ClusterReport:
     """:func:`toolkit.apply_patch` on every alive node of the Ray cluster at ``address`` (default: the one
@@ -132,7 +132,7 @@ def revert_patch_on_cluster(
     *,
     address: str | None = None,
     force: bool = False,
-    lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT,
+    lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
     node_timeout: float = DEFAULT_NODE_TIMEOUT,
 ) -> ClusterReport:
     """:func:`toolkit.revert_patch` (default: every patch) on every alive node, byte-for-byte; the same

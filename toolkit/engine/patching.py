@@ -15,19 +15,16 @@ from typing import Sequence
 
 from toolkit import patch_registry
 from toolkit.engine import fs
-# the engine's verbs and lookups in one place for its callers (cli, api, repair, verify):
-from toolkit.engine.check import AnchorCheck, SourceCheck, check_source  # noqa: F401
 from toolkit.declare import Patch, not_a_release
 from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.engine.journal import FileChange, clear_orphans, write_all_or_nothing
-from toolkit.patch_registry import Catalog, markers_in  # noqa: F401
+from toolkit.patch_registry import Catalog
 from toolkit.engine.versions import applicable
 from toolkit.engine.plan import (Plan, check_install, edited_files, engine_file, link_refused, make_plan,
                                  refuse_links, stale_manifest)
 from toolkit.engine.state import Manifest, StateDir
-from toolkit.engine.status import (APPLIED, DRIFTED, IN_PROGRESS, NO_MANIFEST, NOT_APPLIED, PARTIAL,  # noqa: F401
-                            RUNTIME_MISSING, PatchState, PatchStateName)
+from toolkit.engine.status import PatchState
 from toolkit.engine.status import status as _status
 from toolkit.base.version import __version__
 

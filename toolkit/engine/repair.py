@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from toolkit.engine import patching as _engine
+from toolkit.engine import patching
 from toolkit import patch_registry, releases
 from toolkit.base.cache_files import fresh_private_folder, restrict
 from toolkit.engine import fs
@@ -122,7 +122,7 @@ def _whole_or_dropped(wheel: Path) -> bool:
 
 
 def repair(engine: InstalledEngine, fetch: FetchRelease | None = None,
-           lock_timeout: float = _engine.DEFAULT_LOCK_TIMEOUT, *, catalog: Catalog | None = None) -> RepairResult:
+           lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT, *, catalog: Catalog | None = None) -> RepairResult:
     """Restore every file toolkit may have touched to the release's bytes, then clear the state."""
     fetch = fetch or pip_download(engine.python)
     catalog = catalog or patch_registry.catalog(engine.engine)

@@ -86,7 +86,7 @@ def verify_url(server: SweepServer, skip: tuple[str, ...] = ()) -> dict[str, str
     decide which checks apply): every check but ``skip``, on the tiny model
     (stream = non-stream ids, the prompt template, input_ids, tools, concurrency, the multi-turn prefix
     splice, the Responses-API grammar, a sweep). Asserts each passed; returns check -> detail."""
-    from toolkit.cli import VERIFY_CHECKS
+    from toolkit.verify.checks import NAMES as VERIFY_CHECKS
 
     return run_verify_url(server.model, server.base_url, server.engine_python,
                           [check for check in VERIFY_CHECKS if check not in skip])
