@@ -104,6 +104,17 @@ class Catalog:
 
         return reaches(first, second) or reaches(second, first)
 
+    def recorded(self, patch_ids: Iterable[str]) -> tuple[list[Patch], list[str]]:
+        """The patches a manifest records, in the order they apply in, and the recorded ids that are none of
+        this engine's (sorted): the one place below a command's edge where an id meets a Patch."""
+        wanted = set(patch_ids)
+        return [p for p in self.patches if p.id in wanted], sorted(wanted - set(self.ids))
+
+    def ordered(self, patches: Iterable[Patch]) -> list[Patch]:
+        """``patches`` (the catalog's own) in the order they apply in."""
+        wanted = set(patches)
+        return [p for p in self.patches if p in wanted]
+
     def order(self, patch_ids: Iterable[str]) -> list[str]:
         """``patch_ids`` in registry order; ids this toolkit does not know stay visible, last."""
         wanted = set(patch_ids)

@@ -18,7 +18,7 @@ require("verify", ("httpx", "psutil"), "toolkit verify")
 import httpx  # noqa: E402
 
 from toolkit.verify.checks.base import ERROR, FAIL, PASS, SKIP, CheckResult, Target  # noqa: E402
-from toolkit.verify.checks.suite import all_checks, missing_patches, run_checks, skips_before_serving  # noqa: E402
+from toolkit.verify.checks.suite import missing_patches, run_checks, select_checks, skips_before_serving  # noqa: E402
 from toolkit.verify.family_flags import family_args, family_of, parsers_in  # noqa: E402
 
 
@@ -102,17 +102,6 @@ def engine_install(engine: str | None, python: str | None):
     return installed[0] if installed else None
 
 
-def check_names(names: Sequence[str] | None, every_check: Sequence[Any]) -> None:
-    """Every name a caller asks for is a check (a usage error before anything starts)."""
-    from toolkit.base.suggest import did_you_mean
-
-    known = [c.name for c in every_check]
-    unknown = sorted(set(names or ()) - set(known))
-    if unknown:
-        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
-        raise UsageError(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))}){hint}")
-
-
 def verify(
     model: str,
     *,
@@ -131,8 +120,7 @@ def verify(
     from toolkit.engine.discovery import interpreter
 
     started = time.monotonic()
-    every_check = all_checks()
-    check_names(checks, every_check)
+    chosen = select_checks(checks)  # the names resolved once: Check objects from here on
     say = on_phase or (lambda message: None)
     python = interpreter(python)  # relative, or a venv's folder: the absolute bin/python the server runs
     installed = engine_install(engine, python)
@@ -150,7 +138,7 @@ def verify(
         # Nothing to check without the patches the checks need (unpatched SGLang): say so at once instead of
         # starting a server (minutes for a large model) that no check would ask anything. After the tokenizer:
         # a model that cannot be read is still said first, as when a server is started.
-        skips = skips_before_serving(install, list(checks) if checks else None, every_check)
+        skips = skips_before_serving(install, None, chosen)
         if skips is not None:
             report.apply_first = missing_patches(install)
             report.results = skips
@@ -166,7 +154,7 @@ def verify(
         target = Target(base_url, served_model_name(base_url), engine_name, tokenizer, applied, parsers)
         report.apply_first = missing_patches(target)
         try:
-            report.results = run_checks(target, list(checks) if checks else None, on_result, every_check)
+            report.results = run_checks(target, None, on_result, chosen)
         finally:
             target.client.close()
 
@@ -188,9 +176,8 @@ def verify(
         env = dict(env or {})
         # A check that needs a switch on (patch-sweep's routes) declares it (Check.env), and it is set when
         # the check will run (its patch applied); the caller's own setting of the switch wins.
-        for check in every_check:
-            wanted = (not checks or check.name in checks) and check.missing_patch(install) is None
-            for name, value in check.env if wanted else ():
+        for check in chosen:
+            for name, value in check.env if check.missing_patch(install) is None else ():
                 if name not in env and name not in os.environ:
                     env[name] = value
         # The interpreter the user named (a venv's bin/python), not the one it resolves to.

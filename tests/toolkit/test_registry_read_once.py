@@ -91,3 +91,24 @@ def test_the_counters_count(counted, site, capsys):
     patch_registry.registry()
     patch_registry.catalog("sglang").select(["demo"])
     assert counted == {"reads": 2, "selects": 0, "lookups": 1}
+
+
+def test_below_the_edge_only_the_ids_a_manifest_records_meet_a_patch(counted, site, capsys, monkeypatch):
+    """The plan works on Patch objects: the one id -> Patch match below the edge is of the ids the manifest
+    records (``Catalog.recorded``), once a run; none on a first apply, each recorded id on a revert."""
+    matched: list[list[str]] = []
+    real = patch_registry.Catalog.recorded
+
+    def recorded(self, patch_ids):
+        matched.append(sorted(patch_ids))
+        return real(self, patch_ids)
+
+    monkeypatch.setattr(patch_registry.Catalog, "recorded", recorded)
+    assert run(counted, capsys, "apply-patch", "sglang", "--patch", "demo")[0] == 0
+    assert matched == [[]]
+    matched.clear()
+    assert run(counted, capsys, "apply-patch", "sglang", "--patch", "second")[0] == 0
+    assert matched == [["demo"]]
+    matched.clear()
+    assert run(counted, capsys, "revert", "sglang", "--patch", "demo")[0] == 0
+    assert matched == [["demo", "second"]]

@@ -59,7 +59,7 @@ def test_bytecode_under_the_pycache_prefix_goes_too(tmp_path, monkeypatch, step)
 
 
 def _check(site: Path) -> dict:
-    from toolkit.engine.patching import check_source
+    from toolkit.engine.check import check_source
 
     checks = check_source(load_source(site), [demo_patches.DEMO])
     return {c.patch_id: c.errors for c in checks}

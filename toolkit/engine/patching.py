@@ -64,7 +64,6 @@ def reconcile(
     remove: Sequence[Patch] | None = (),
     force: bool = False,
     dry_run: bool = False,
-    allow_unknown_version: bool = False,
     allow_editable: bool = False,
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> Result:
@@ -178,8 +177,7 @@ def apply(
                          + " (see `toolkit list`; --allow-unknown-version, allow_unknown_version=True in Python, "
                          "tries anyway)")
     _require_runtime(engine, candidates)
-    result = reconcile(engine, catalog, add=candidates, force=force, dry_run=dry_run,
-                       allow_unknown_version=allow_unknown_version, allow_editable=allow_editable,
+    result = reconcile(engine, catalog, add=candidates, force=force, dry_run=dry_run, allow_editable=allow_editable,
                        lock_timeout=lock_timeout)
     result.skipped = skipped
     return result

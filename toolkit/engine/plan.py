@@ -196,16 +196,15 @@ def _wanted_contents(
     return originals, wanted, patch_ids
 
 
-def _already_done(engine: InstalledEngine, catalog: Catalog, manifest: Manifest | None, target_ids: list[str]) -> bool:
+def _already_done(engine: InstalledEngine, manifest: Manifest | None, target: list[Patch], target_ids: list[str]) -> bool:
     """Nothing to do, decided from hashes alone (no codemod runs, so the lock is held for milliseconds)."""
     if manifest is None:
         return not target_ids
     if manifest.state != "applied" or manifest.patches != target_ids:
         return False
-    known = [p for p in catalog.patches if p.id in set(target_ids)]
-    if len(known) != len(target_ids):
+    if len(target) != len(target_ids):
         return False  # a patch this toolkit does not know: the full path says so in a sentence
-    edited = {edit.relpath for p in known for edit in p.files_for(engine.version)}
+    edited = {edit.relpath for p in target for edit in p.files_for(engine.version)}
     if not edited <= set(manifest.files):
         return False
     return all(sha256_file(engine_file(engine, r)) == rec.after for r, rec in manifest.files.items())
@@ -242,7 +241,8 @@ def make_plan(
     add: Sequence[Patch], remove: Sequence[Patch] | None, force: bool,
 ) -> Plan:
     """The plan for applying ``add`` and reverting ``remove`` (None: all), patches of ``catalog``; raises on
-    drift. The patches come resolved: only the ids the manifest records are matched to the catalog here."""
+    drift. The patches come resolved: only the ids the manifest records are matched to the catalog
+    (``Catalog.recorded``), and nothing below works on an id but the manifest's own bookkeeping."""
     reverting = remove is None or bool(remove)
     if manifest is not None and stale_manifest(engine, manifest):
         if not (reverting and force):
@@ -258,18 +258,16 @@ def make_plan(
         return Plan([], clear_state="stale")
 
     applied_before = list(manifest.patches) if manifest else []
-    if remove is None:
-        target_ids: list[str] = []
-    else:
-        target_ids = catalog.order((set(applied_before) | {p.id for p in add}) - {p.id for p in remove})
+    recorded, unknown = catalog.recorded(applied_before)
+    target = [] if remove is None else catalog.ordered((set(recorded) | set(add)) - set(remove))
+    kept_unknown = [] if remove is None else unknown  # not this toolkit's patches: they stay, so refused below
+    target_ids = [p.id for p in target] + kept_unknown
     if manifest is None:
         _refuse_unrecorded_marks(engine, catalog, reverting)
-    if not force and _already_done(engine, catalog, manifest, target_ids):
+    if not force and _already_done(engine, manifest, target, target_ids):
         return Plan(target_ids, clear_state="orphans" if manifest is None else "", package_dir=engine.package_dir)
-    if manifest is not None and target_ids:
-        _refuse_foreign(engine, catalog, target_ids, manifest.toolkit_version)
-    # every target id is the catalog's now (_refuse_foreign): the recorded ones matched, never a user's id
-    target = [p for p in catalog.patches if p.id in target_ids]
+    if manifest is not None and kept_unknown:
+        _refuse_foreign(engine, kept_unknown, manifest.toolkit_version)
 
     # Which files to look at: those of the patches that change, or every one when a run was
     # interrupted or nothing changes (a rerun that finishes or re-checks the job).
@@ -279,7 +277,7 @@ def make_plan(
     if manifest is None or manifest.state != "applied" or not changing:
         scope = every_file
     else:
-        scope = {e.relpath for p in catalog.patches if p.id in changing for e in p.files_for(engine.version)}
+        scope = {e.relpath for p in set(target) ^ set(recorded) for e in p.files_for(engine.version)}
         scope = (scope | {r for r, rec in manifest.files.items() if set(rec.patches) & changing}) & every_file
     modes: dict[str, int] = {}
     originals, wanted, patch_ids = _wanted_contents(engine, catalog, state, manifest, target, scope, modes)
@@ -377,11 +375,10 @@ def _same_manifest(manifest: Manifest | None, final: Manifest | None) -> bool:
     return manifest.to_json() == final.to_json()
 
 
-def _refuse_foreign(engine: InstalledEngine, catalog: Catalog, applied: Sequence[str], by_version: str) -> None:
+def _refuse_foreign(engine: InstalledEngine, foreign: Sequence[str], by_version: str) -> None:
     """A patch applied by another toolkit, one since removed from this one, or another package's patch
     whose package is gone can be neither kept nor re-derived here; dropping it silently would revert it
     behind the user's back."""
-    foreign = [pid for pid in applied if pid not in catalog.ids]
     if foreign:
         raise PatchError(
             f"{engine.engine} {engine.version} has patches applied that this toolkit {__version__} does "

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, cast
 
+from toolkit.errors import UsageError
+
 from toolkit.verify.checks import multi_turn, patch_sweep, responses_stream
 from toolkit.verify.checks.base import ERROR, FAIL, PASS, SKIP, Check, CheckFailed, CheckResult, CheckSkipped, Target
 from toolkit.verify.checks.core import CORE
@@ -39,24 +41,35 @@ def skips_before_serving(target: Target, names: list[str] | None = None,
     """When not one of ``names`` (default: all) of ``checks`` can run on ``target`` (``patch_skip``: only its
     ``engine`` and ``applied_patches`` are read, so an install will do), their skips; else None. A server
     started for such a run would answer nothing."""
-    checks = all_checks() if checks is None else list(checks)
-    skips = [patch_skip(check, target) for check in checks if not names or check.name in names]
+    skips = [patch_skip(check, target) for check in select_checks(names, checks)]
     return cast("list[CheckResult]", skips) if all(skips) else None  # all(): not one is None
+
+
+def select_checks(names: Sequence[str] | None, checks: Sequence[Check] | None = None) -> list[Check]:
+    """The checks ``names`` (None or empty: every one) of ``checks`` (default: :func:`all_checks`), in the
+    order they run: the one place a check name is resolved. An unknown name is a usage error (a
+    ``ValueError`` too, as ``run_checks`` raised before)."""
+    checks = all_checks() if checks is None else list(checks)
+    known = [check.name for check in checks]
+    unknown = sorted(set(names or ()) - set(known))
+    if unknown:
+        from toolkit.base.suggest import did_you_mean
+
+        hint = did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+        raise UnknownCheck(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))}){hint}")
+    return [check for check in checks if not names or check.name in names]
+
+
+class UnknownCheck(UsageError, ValueError):
+    """A check name that is none of the checks."""
 
 
 def run_checks(target: Target, names: list[str] | None = None,
                on_result: Callable[[CheckResult], None] | None = None,
                checks: Sequence[Check] | None = None) -> list[CheckResult]:
     """Run ``names`` (default: all) of ``checks`` (default: :func:`all_checks`) against ``target``."""
-    checks = all_checks() if checks is None else list(checks)
-    known = {check.name for check in checks}
-    unknown = [n for n in names or [] if n not in known]
-    if unknown:
-        raise ValueError(f"unknown check(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     results = []
-    for check in checks:
-        if names and check.name not in names:
-            continue
+    for check in select_checks(names, checks):
         result = patch_skip(check, target)
         if result is None:
             try:
