@@ -62,7 +62,7 @@ class SuperlinearConfig(SuperlinearParams):
     impl: str = "auto"
 
     def kernel_kwargs(self) -> dict:
-        """Keyword arguments of ``toolkit.kernels.superlinear.api`` (all but ``impl``)."""
+        """Keyword arguments of ``toolkit.kernels.superlinear.dispatch`` (all but ``impl``)."""
         out = asdict(self)
         out.pop("impl")
         return out

@@ -23,9 +23,9 @@ PATCH = Patch(
             "/v1/patch_runs, /v1/patch_sweep, /v1/activations",
     runtime_modules=(
         "toolkit.patches.vllm.patch_sweep.runtime",
-        "toolkit.patches.vllm.patch_sweep.server",
-        "toolkit.patches.vllm.patch_sweep.errors",
-        "toolkit.patches.vllm.patch_sweep.engine",
+        "toolkit.patches.vllm.patch_sweep.routes",
+        "toolkit.patches.vllm.patch_sweep.refusals",
+        "toolkit.patches.vllm.patch_sweep.engine_client",
         "toolkit.patches.vllm.patch_sweep.bodies",
         "toolkit.patches.vllm.patch_sweep.sweep",
         "toolkit.patches.vllm.patch_sweep.execution",

@@ -141,7 +141,7 @@ def test_requests_pin_to_the_rank_whose_replies_the_api_server_reads():
     own choice without."""
     from types import SimpleNamespace
 
-    from toolkit.patches.vllm.patch_sweep.engine import pinned_data_parallel_rank
+    from toolkit.patches.vllm.patch_sweep.engine_client import pinned_data_parallel_rank
 
     def client(size):
         return SimpleNamespace(vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=size)))

@@ -30,7 +30,7 @@ except Exception as exc:  # CUSTOM unregistered: vLLM says so
 cpu = E.CPU_ATTN.get_path()
 from vllm import _custom_ops as ops
 from toolkit.kernels.superlinear.paged import PagedKV, layout_from_probe
-from toolkit.patches.vllm.superlinear.paged import split_kv_cache
+from toolkit.patches.vllm.superlinear.cpu_cache import split_kv_cache
 reads = {}
 for isa in ("vec", "vec16"):
     for dtype in (torch.float32, torch.bfloat16):
