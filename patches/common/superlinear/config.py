@@ -32,11 +32,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
-from toolkit.patches.common.superlinear.switch import (  # noqa: F401 (re-exported)
-    BACKEND_ENV,
-    SuperlinearConfigError,
-    backend_enabled,
-)
+from toolkit.patches.common.superlinear.switch import SuperlinearConfigError
 
 CONFIG_ENV = "TOOLKIT_SUPERLINEAR_CONFIG"
 ENV_PREFIX = "TOOLKIT_SUPERLINEAR_"

@@ -102,11 +102,11 @@ def test_bad_settings_stop_vllm_at_plugin_load(vllm_any, env, message):
 
 ADDITIONAL = WRITE_RESULT_SNIPPET + r"""
 from vllm.config import VllmConfig, set_current_vllm_config
-from toolkit.patches.vllm.superlinear import backend
+from toolkit.patches.vllm.superlinear import layers
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"topk": 2}})):
-    write_result([backend.engine_config().topk, backend.engine_config().sw_index])
+    write_result([layers.engine_config().topk, layers.engine_config().sw_index])
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"top_k": 2}})):
-    backend.engine_config()
+    layers.engine_config()
 """
 
 
