@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolkit.verify.checks.base import MESSAGES, TOOLS  # noqa: E402
+from toolkit.verify.checks.check_types import MESSAGES, TOOLS  # noqa: E402
 from toolkit.verify.checks.multi_turn import HERMES_CALL, WEATHER_TOOL  # noqa: E402
 from toolkit.verify.family_flags import family_args, family_of, parsers_in  # noqa: E402
 from toolkit.verify.run import load_tokenizer  # noqa: E402

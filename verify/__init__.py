@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 from toolkit.base.lazy import lazy_attributes
 
 if TYPE_CHECKING:
-    from toolkit.verify.checks.base import Check, CheckResult, Target
+    from toolkit.verify.checks.check_types import Check, CheckResult, Target
     from toolkit.verify.checks.suite import CHECKS, run_checks
     from toolkit.verify.run import VerifyReport, verify
 
 __all__ = ["verify", "VerifyReport", "run_checks", "CHECKS", "Check", "CheckResult", "Target"]
 
 _LAZY = {"verify": "toolkit.verify.run", "VerifyReport": "toolkit.verify.run", "run_checks": "toolkit.verify.checks.suite",
-         "CHECKS": "toolkit.verify.checks.suite", "Check": "toolkit.verify.checks.base",
-         "CheckResult": "toolkit.verify.checks.base", "Target": "toolkit.verify.checks.base"}
+         "CHECKS": "toolkit.verify.checks.suite", "Check": "toolkit.verify.checks.check_types",
+         "CheckResult": "toolkit.verify.checks.check_types", "Target": "toolkit.verify.checks.check_types"}
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY, globals())

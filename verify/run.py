@@ -17,7 +17,7 @@ from toolkit.base.extras import require
 require("verify", ("httpx", "psutil"), "toolkit verify")
 import httpx  # noqa: E402
 
-from toolkit.verify.checks.base import ERROR, FAIL, PASS, SKIP, CheckResult, Target  # noqa: E402
+from toolkit.verify.checks.check_types import ERROR, FAIL, PASS, SKIP, CheckResult, Target  # noqa: E402
 from toolkit.verify.checks.suite import missing_patches, run_checks, select_checks, skips_before_serving  # noqa: E402
 from toolkit.verify.family_flags import family_args, family_of, parsers_in  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Superlinear attention: O(L^1.5) prefill and O(sqrt t) decode by span search.
 
-Public entry points (``api``): ``superlinear_attention`` (prefill and prefill chunks),
+Public entry points (``dispatch``): ``superlinear_attention`` (prefill and prefill chunks),
 ``superlinear_decode`` (one query per row, per-row positions), ``superlinear_search`` (the spans
 each query selects).  ``attention_spans`` holds the exact-integer span arithmetic all implementations share.
 Implementations: ``naive`` (dense masks, tests only), ``gather`` (PyTorch, CPU and fallback),
@@ -12,7 +12,7 @@ Over an engine's paged KV cache (``paged``; ``paged_kv``, ``paged_layout`` and `
 query per request; the Triton path is CUDA-graph capturable).
 """
 
-from .api import (
+from .dispatch import (
     IMPLEMENTATIONS,
     SpanSearch,
     resolve_impl,

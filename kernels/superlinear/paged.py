@@ -9,7 +9,7 @@ SGLang's token pool), and the two entry points take it:
   (the engine has already written those rows' K/V).
 * :func:`superlinear_decode_paged`: one query per request at position ``seq_lens[r] - 1``.
 
-Implementations (``impl`` as in ``api``):
+Implementations (``impl`` as in ``dispatch``):
 
 * ``gather`` / ``naive`` (CPU, any device): ``paged_cpu`` reads through the table with
   :meth:`PagedKV.read_prefix` / :meth:`PagedKV.read_positions` (drop-ins for ``fetch_kv(r, n)`` /
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .api import make_params, resolve_impl
+from .dispatch import make_params, resolve_impl
 from .paged_cpu import cpu_attention_paged, cpu_decode_paged, decode_positions, span_positions
 from .paged_kv import PagedKV
 from .paged_layout import InnerLayout, layout_from_probe

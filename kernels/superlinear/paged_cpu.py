@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .api import superlinear_attention, superlinear_decode, superlinear_search
+from .dispatch import superlinear_attention, superlinear_decode, superlinear_search
 from .attention_spans import SpanGeometry, span_geometry
 from .paged_kv import PagedKV
 

@@ -47,8 +47,8 @@ def engine_of(module: str) -> str | None:
 def test_the_graph_sees_the_known_dependencies():
     graph = edges()
     assert "toolkit.codemod" in graph["toolkit.patches.vllm.tito.codemods"]  # a patch builds on the codemod base
-    assert "toolkit.clients.patch_study" in graph["toolkit.verify.checks.patch_sweep"]
-    assert "toolkit.verify.grammar" in graph["toolkit.verify.checks.responses_stream"]
+    assert "toolkit.clients.patch_study" in graph["toolkit.verify.checks.sweep_checks"]
+    assert "toolkit.verify.grammar" in graph["toolkit.verify.checks.stream_checks"]
     assert "toolkit.engine.patching" in graph["toolkit.verify.run"]  # a lazy import counts too
 
 

@@ -11,7 +11,7 @@ import torch
 
 from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
 from toolkit.kernels.superlinear.gather import gather_superlinear_attention, native, native_spans, partials
-from toolkit.kernels.superlinear.gather.common import KeyRow, Workspace
+from toolkit.kernels.superlinear.gather.workspace import KeyRow, Workspace
 from toolkit.kernels.superlinear.naive import naive_superlinear_attention
 
 from .conftest import left_padding_mask, make_inputs, requires_compiler, two_calls_and_warnings

@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolkit.kernels.superlinear.api import superlinear_attention
+from toolkit.kernels.superlinear.dispatch import superlinear_attention
 from toolkit.kernels.superlinear.paged import (
     PagedKV,
     decode_positions,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import concurrent.futures
 from typing import Any
 
-from toolkit.verify.checks.base import (MESSAGES, OTHER_MESSAGES, TOOLS, Check, CheckFailed, CheckSkipped, Target,
-                                        decoded, ids_evidence)
+from toolkit.verify.checks.check_types import (MESSAGES, OTHER_MESSAGES, TOOLS, Check, CheckFailed, CheckSkipped, Target,
+                                               decoded, ids_evidence)
 from toolkit.verify.accounting import Unaccounted, account_either
 from toolkit.verify.client import ChatOutcome, HTTPStatusError
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolkit.verify.checks.base import MESSAGES, TOOLS, Check, CheckFailed, Target, first_difference
+from toolkit.verify.checks.check_types import MESSAGES, TOOLS, Check, CheckFailed, Target, first_difference
 from toolkit.verify.client import ChatOutcome, HTTPStatusError
 
 TOOL_RESULT = "sunny, 21 degrees"

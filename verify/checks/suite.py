@@ -1,7 +1,7 @@
 """The checks `toolkit verify` runs, in the order it runs them, and running them on a target.
 
 The verifier owns every check, the core ones and those of a patch's feature (``multi_turn``,
-``patch_sweep``, ``responses_stream``): each names, per engine, the patch id it needs, and is skipped
+``sweep_checks``, ``stream_checks``): each names, per engine, the patch id it needs, and is skipped
 when the target lacks it. Which patches a target has is the caller's to say (``Target.applied_patches``,
 read from the install by ``toolkit.engine.patching.applied_ids``): nothing here imports or loads a patch.
 """
@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import Callable, Sequence, cast
 
 from toolkit.errors import UsageError
-
-from toolkit.verify.checks import multi_turn, patch_sweep, responses_stream
-from toolkit.verify.checks.base import ERROR, FAIL, PASS, SKIP, Check, CheckFailed, CheckResult, CheckSkipped, Target
+from toolkit.verify.checks import multi_turn, stream_checks, sweep_checks
+from toolkit.verify.checks.check_types import ERROR, FAIL, PASS, SKIP, Check, CheckFailed, CheckResult, CheckSkipped, Target
 from toolkit.verify.checks.core import CORE
 from toolkit.verify.client import ServerGone
 
-CHECKS: list[Check] = [*CORE, *multi_turn.CHECKS, *patch_sweep.CHECKS, *responses_stream.CHECKS]
+CHECKS: list[Check] = [*CORE, *multi_turn.CHECKS, *sweep_checks.CHECKS, *stream_checks.CHECKS]
 
 
 def all_checks() -> list[Check]:

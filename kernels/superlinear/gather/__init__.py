@@ -3,7 +3,7 @@
 The CPU implementation and the fallback on any device, laid out like the Triton kernels: ``search``
 (stripe search and exact top-k), ``partials`` (softmax partials of the window and the spans),
 ``merge`` (log-sum-exp merge and score gate), ``prefill`` and ``decode`` (the entry points), and
-``common`` (sizes, scratch buffers, input preparation).  Work per query is O(sqrt t) (stripes,
+``workspace`` (sizes, scratch buffers, input preparation).  Work per query is O(sqrt t) (stripes,
 spans) plus the window.  Where a C++ compiler is, ``native`` (stripe search) and ``native_spans``
 (span attention) run compiled kernels instead (C++ in ``csrc/``, built at first use by
 ``native_build``).

@@ -4,7 +4,7 @@ prefill, reading O(sqrt t) keys per row."""
 from __future__ import annotations
 
 from ..attention_spans import SuperlinearParams, span_bounds
-from .common import prepare
+from .workspace import prepare
 from .merge import merge_and_gate
 from .partials import span_partials_decode, window_decode
 from .search import search_decode

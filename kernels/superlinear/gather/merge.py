@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import NEG_INF
+from .workspace import NEG_INF
 
 
 def merge_and_gate(span_lse, span_out, win_lse, win_out, anchors, scores):

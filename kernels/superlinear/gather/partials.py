@@ -13,7 +13,7 @@ import torch
 
 from ..tiling import build_span_tiles
 from . import native_spans
-from .common import (
+from .workspace import (
     BLOCK_K,
     NEG_INF,
     SELECT_ELEMENTS,

@@ -12,7 +12,7 @@ import threading
 import torch
 
 from ..attention_spans import SuperlinearParams, span_bounds
-from .common import QUERY_CHUNK, KeyRow, Workspace, chunks, prepare
+from .workspace import QUERY_CHUNK, KeyRow, Workspace, chunks, prepare
 from .merge import merge_and_gate
 from .partials import span_partials, window_partials
 from .search import search_rows

@@ -1,6 +1,6 @@
 """The stripe search: each query's top-k anchors among the keys on its stripes.
 
-Candidates (``common.offset_positions``) lie at ``q + 1 - F(i)``; their keys are gathered once per
+Candidates (``workspace.offset_positions``) lie at ``q + 1 - F(i)``; their keys are gathered once per
 KV head and scored against the G query heads of the group (one mat-mul); ``select_topk`` picks the
 exact top-k (ties as ``attention_spans.ordered_score_key`` orders them) and ``pick_anchors`` turns
 it into anchors and scores.  ``search_rows`` does this for a prefill chunk (blocked, in a
@@ -13,7 +13,7 @@ import torch
 
 from ..attention_spans import SpanGeometry, ordered_score_key
 from . import native
-from .common import (
+from .workspace import (
     NEG_INF,
     SELECT_ELEMENTS,
     TEMP_ELEMENTS,

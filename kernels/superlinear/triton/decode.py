@@ -28,7 +28,7 @@ from ..attention_spans import (
     normalize_positions,
     span_geometry,
 )
-from .common import (
+from .jit_helpers import (
     block_dim,
     decode_part_range,
     empty_row_softmax,

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import block_dim, gate_rows, interpreting, row_block
+from .jit_helpers import block_dim, gate_rows, interpreting, row_block
 
 
 @triton.jit

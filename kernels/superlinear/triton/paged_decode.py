@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ..attention_spans import span_geometry
-from .common import (
+from .jit_helpers import (
     block_dim,
     decode_part_range,
     empty_row_softmax,

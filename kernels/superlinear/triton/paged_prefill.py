@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..attention_spans import span_bounds, span_geometry
 from ..tiling import build_span_tiles
-from .common import (
+from .jit_helpers import (
     block_dim,
     dot_precision,
     empty_softmax,

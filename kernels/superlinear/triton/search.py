@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (
+from .jit_helpers import (
     block_dim,
     empty_topk,
     group_rows,

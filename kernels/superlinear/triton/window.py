@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (
+from .jit_helpers import (
     block_dim,
     dot_precision,
     empty_softmax,

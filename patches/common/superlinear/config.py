@@ -32,11 +32,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from toolkit.kernels.superlinear.attention_spans import SuperlinearParams
-from toolkit.patches.common.superlinear.switch import (  # noqa: F401 (re-exported)
-    BACKEND_ENV,
-    SuperlinearConfigError,
-    backend_enabled,
-)
+from toolkit.patches.common.superlinear.switch import SuperlinearConfigError
 
 CONFIG_ENV = "TOOLKIT_SUPERLINEAR_CONFIG"
 ENV_PREFIX = "TOOLKIT_SUPERLINEAR_"
@@ -62,7 +58,7 @@ class SuperlinearConfig(SuperlinearParams):
     impl: str = "auto"
 
     def kernel_kwargs(self) -> dict:
-        """Keyword arguments of ``toolkit.kernels.superlinear.api`` (all but ``impl``)."""
+        """Keyword arguments of ``toolkit.kernels.superlinear.dispatch`` (all but ``impl``)."""
         out = asdict(self)
         out.pop("impl")
         return out

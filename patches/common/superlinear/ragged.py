@@ -23,12 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from toolkit.kernels.superlinear.paged import (  # noqa: F401 (decode_positions re-exported for tests)
-    PagedKV,
-    decode_positions,
-    superlinear_attention_paged,
-    superlinear_decode_paged,
-)
+from toolkit.kernels.superlinear.paged import PagedKV, superlinear_attention_paged, superlinear_decode_paged
 from toolkit.patches.common.superlinear.config import SuperlinearConfig
 
 

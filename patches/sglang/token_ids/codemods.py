@@ -13,7 +13,8 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from toolkit.codemod import AnchoredTransformer, PatchContext, after_last_field, has_params, in_method, is_field, self_call
+from toolkit.codemod import (AnchoredTransformer, PatchContext, after_last_field, class_named, has_params, in_method, is_field,
+                             self_call, with_body)
 
 RUNTIME = "_toolkit_token_ids"
 PACKAGE = "toolkit.patches.sglang.token_ids"
@@ -46,16 +47,16 @@ class ProtocolTransformer(AnchoredTransformer):
         "ChatCompletionResponseChoice": "token_ids",
     }
 
-    @m.leave(m.ClassDef(name=m.Name("ChatCompletionRequest")))
+    @m.leave(class_named("ChatCompletionRequest"))
     def request_flag(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         self.hit("ChatCompletionRequest")
         body = list(cst.ensure_type(updated_node.body, cst.IndentedBlock).body)
         if any(is_field(statement, "return_token_ids") for statement in body):
             return updated_node  # 0.5.17 on have their own
         body = after_last_field(body, self.marked_statement("return_token_ids: bool = False"))
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+        return with_body(updated_node, body)
 
-    @m.leave(m.ClassDef(name=m.Name("ChatCompletionResponse") | m.Name("ChatCompletionResponseChoice")))
+    @m.leave(class_named(tuple(RESPONSE_FIELDS)))
     def response_field(self, original_node: cst.ClassDef, updated_node: cst.ClassDef) -> cst.ClassDef:
         name = updated_node.name.value
         field = self.RESPONSE_FIELDS[name]
@@ -74,7 +75,7 @@ class ProtocolTransformer(AnchoredTransformer):
             self.hit(f"{name}.serializer")
             body[position] = self._omit_when_none(cst.ensure_type(body[position], cst.FunctionDef), field)
         body = after_last_field(body, self.marked_statement(f"{field}: list[int] | None = None"))
-        return updated_node.with_changes(body=updated_node.body.with_changes(body=body))
+        return with_body(updated_node, body)
 
     def _omit_when_none(self, serializer: cst.FunctionDef, field: str) -> cst.FunctionDef:
         """Our decorator right under pydantic's, so pydantic wraps the serializer that drops the field."""

@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from toolkit.patches.common.env import env_flag
-from toolkit.patches.common.serialize import omit_when_none  # noqa: F401 (the patched serializers call it here)
+from toolkit.patches.common.serialize import omit_when_none
+
+# What the patched SGLang files call (add_to_response, omit_when_none, stream_token_ids, tap; omit_when_none
+# lives in patches/common and is named here because the patched serializers call it on this module) and
+# what the tests read.
+__all__ = ["ENV_FLAG", "ChoiceIds", "StreamTokenIds", "add_to_response", "enabled", "incremental_output_ids",
+           "omit_when_none", "prompt_ids", "stream_token_ids", "tap"]
 
 ENV_FLAG = "TOOLKIT_RETURN_TOKEN_IDS"
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from toolkit.patches.common.spans import ALL_PROMPT, SpanError, TokenOffsets, prompt_char_offsets, resolve_positions
 from toolkit.patches.vllm.patch_sweep.bodies import ActivationBody, Message, encode_prompt, parse_body, parse_layers
-from toolkit.patches.vllm.patch_sweep.engine import Engine
-from toolkit.patches.vllm.patch_sweep.errors import BadRequest
+from toolkit.patches.vllm.patch_sweep.engine_client import Engine
+from toolkit.patches.vllm.patch_sweep.refusals import BadRequest
 
 MAX_ACTIVATION_BYTES_ENV = "TOOLKIT_ACTIVATIONS_MAX_BYTES"
 DEFAULT_MAX_ACTIVATION_BYTES = 64 << 20

@@ -15,7 +15,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, 
                       ValidationInfo, field_validator, model_validator)
 
 from toolkit.patches.common.spans import ALL_PROMPT
-from toolkit.patches.vllm.patch_sweep.errors import BadRequest
+from toolkit.patches.vllm.patch_sweep.refusals import BadRequest
 
 # Each choice once, as the field's type; the tuples (for messages and the other modules) are read from it.
 Hook = Literal["pre_attn", "post_attn", "post_block"]  # points of the residual stream: captured and patched

@@ -19,8 +19,8 @@ import secrets
 import uuid
 from typing import Any, AsyncIterator
 
-from toolkit.patches.vllm.patch_sweep.engine import Engine
-from toolkit.patches.vllm.patch_sweep.errors import BadRequest
+from toolkit.patches.vllm.patch_sweep.engine_client import Engine
+from toolkit.patches.vllm.patch_sweep.refusals import BadRequest
 from toolkit.patches.vllm.patch_sweep.shared import SHARED_PREFIX
 from toolkit.patches.vllm.patch_sweep.sweep import Sweep, batched_reason
 

@@ -28,9 +28,9 @@ __all__ = ["ENABLE_ENV", "PIPELINE_REFUSAL", "STEERING_ENV", "attach_routes", "e
 
 def attach_routes(app: Any) -> None:
     if enabled():
-        from toolkit.patches.vllm.patch_sweep import server
+        from toolkit.patches.vllm.patch_sweep import routes
 
-        server.attach(app)
+        routes.attach(app)
         log().info("toolkit patch-sweep: /v1/patch_runs, /v1/patch_sweep and /v1/activations enabled (%s=1); "
                    "sweep requests skip reading the prefix cache and carry their own cache_salt", ENABLE_ENV)
     if enabled() or steering_enabled():

@@ -1,5 +1,5 @@
 """Names the patch-sweep modules share (the switch, the worker RPC prefix, the logger), so that the
-entry points (``runtime``) and what they load on demand (``server``, ``worker``) import this module
+entry points (``runtime``) and what they load on demand (``routes``, ``worker``) import this module
 and never each other. Standard library only."""
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ from typing import Any
 
 from toolkit.patches.common.spans import SpanError, prompt_char_offsets, resolve_positions
 from toolkit.patches.vllm.patch_sweep.bodies import HOOKS, parse_layers
-from toolkit.patches.vllm.patch_sweep.engine import Engine, engine_of
-from toolkit.patches.vllm.patch_sweep.errors import BadRequest, error_response
+from toolkit.patches.vllm.patch_sweep.engine_client import Engine, engine_of
+from toolkit.patches.vllm.patch_sweep.refusals import BadRequest, error_response
 from toolkit.patches.vllm.patch_sweep.shared import STEER_KEY, steering_enabled
 
 STEERED_PATHS = ("/v1/completions", "/v1/chat/completions")

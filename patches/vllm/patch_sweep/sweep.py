@@ -11,8 +11,8 @@ from typing import Any
 
 from toolkit.patches.common.spans import SpanError, prompt_char_offsets, resolve_positions
 from toolkit.patches.vllm.patch_sweep.bodies import NoiseBody, SweepBody, encode_prompt, parse_body, parse_layers
-from toolkit.patches.vllm.patch_sweep.engine import Engine
-from toolkit.patches.vllm.patch_sweep.errors import BadRequest
+from toolkit.patches.vllm.patch_sweep.engine_client import Engine
+from toolkit.patches.vllm.patch_sweep.refusals import BadRequest
 
 MAX_CELLS_ENV = "TOOLKIT_PATCH_SWEEP_MAX_CELLS"
 DEFAULT_MAX_CELLS = 4096

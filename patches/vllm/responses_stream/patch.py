@@ -8,16 +8,7 @@ from toolkit.declare import FileEdit, Patch
 CODEMODS = "toolkit.patches.vllm.responses_stream.codemods"
 
 
-PATCH = Patch(
-    id="responses-stream",
-    engine="vllm",
-    versions=">=0.24,<0.34",
-    files=(
-        FileEdit(
-            "entrypoints/openai/responses/serving.py",
-            (f"{CODEMODS}:ServingTransformer",),
-        ),
-    ),
-    summary="Responses API streaming: reasoning, text and tool calls in any order, grammar-correct events",
-    runtime_modules=("toolkit.patches.vllm.responses_stream.runtime",),
-)
+PATCH = Patch(id="responses-stream", engine="vllm", versions=">=0.24,<0.34",
+              summary="Responses API streaming: reasoning, text and tool calls in any order, grammar-correct events",
+              files=(FileEdit("entrypoints/openai/responses/serving.py", (f"{CODEMODS}:ServingTransformer",)),),
+              runtime_modules=("toolkit.patches.vllm.responses_stream.runtime",))

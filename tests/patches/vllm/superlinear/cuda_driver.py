@@ -88,7 +88,7 @@ class Batch:
             max_seq_len=max(self.seq_lens), block_table_tensor=self.block_table, slot_mapping=slot_mapping)
 
     def reference(self, params: dict, dense: bool = False) -> torch.Tensor:
-        from toolkit.kernels.superlinear.api import superlinear_attention
+        from toolkit.kernels.superlinear.dispatch import superlinear_attention
 
         out = torch.empty_like(self.query)
         for r, (n, c) in enumerate(zip(self.seq_lens, self.query_lens)):

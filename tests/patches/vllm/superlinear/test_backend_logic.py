@@ -13,17 +13,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from toolkit.kernels.superlinear.api import superlinear_attention
-from toolkit.patches.common.superlinear.config import (
-    SuperlinearConfig,
-    SuperlinearConfigError,
-    backend_enabled,
-    covering_length,
-    load_config,
-)
-from toolkit.kernels.superlinear.paged import PagedKV, layout_from_probe
-from toolkit.patches.common.superlinear.ragged import decode_positions, superlinear_ragged
-from toolkit.patches.vllm.superlinear.paged import split_kv_cache
+from toolkit.kernels.superlinear.dispatch import superlinear_attention
+from toolkit.patches.common.superlinear.config import SuperlinearConfig, covering_length, load_config
+from toolkit.patches.common.superlinear.switch import SuperlinearConfigError, backend_enabled
+from toolkit.kernels.superlinear.paged import PagedKV, decode_positions, layout_from_probe
+from toolkit.patches.common.superlinear.ragged import superlinear_ragged
+from toolkit.patches.vllm.superlinear.cpu_cache import split_kv_cache
 
 HQ, HKV, D, BS = 4, 2, 32, 16
 COVERING = SuperlinearConfig(sw_index=7, backward_factor=8.0, forward_factor=8.0)

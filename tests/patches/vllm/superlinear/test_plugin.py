@@ -30,7 +30,7 @@ except Exception as exc:  # CUSTOM unregistered: vLLM says so
 cpu = E.CPU_ATTN.get_path()
 from vllm import _custom_ops as ops
 from toolkit.kernels.superlinear.paged import PagedKV, layout_from_probe
-from toolkit.patches.vllm.superlinear.paged import split_kv_cache
+from toolkit.patches.vllm.superlinear.cpu_cache import split_kv_cache
 reads = {}
 for isa in ("vec", "vec16"):
     for dtype in (torch.float32, torch.bfloat16):
@@ -102,11 +102,11 @@ def test_bad_settings_stop_vllm_at_plugin_load(vllm_any, env, message):
 
 ADDITIONAL = WRITE_RESULT_SNIPPET + r"""
 from vllm.config import VllmConfig, set_current_vllm_config
-from toolkit.patches.vllm.superlinear import backend
+from toolkit.patches.vllm.superlinear import layers
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"topk": 2}})):
-    write_result([backend.engine_config().topk, backend.engine_config().sw_index])
+    write_result([layers.engine_config().topk, layers.engine_config().sw_index])
 with set_current_vllm_config(VllmConfig(additional_config={"superlinear": {"top_k": 2}})):
-    backend.engine_config()
+    layers.engine_config()
 """
 
 

@@ -2,7 +2,7 @@
 
 Loaded only when patching is enabled (``runtime.attach_routes``). A route reads its JSON body
 (bodies.py), makes it concrete against the served model (sweep.py, activations.py) and runs it through
-the engine (engine.py, execution.py).
+the engine (engine_client.py, execution.py).
 
 Routes:
   POST   /v1/patch_runs          capture a prompt's activations under a run name
@@ -23,8 +23,8 @@ from typing import Any
 
 from toolkit.patches.vllm.patch_sweep.activations import prepare_activations, run_activations
 from toolkit.patches.vllm.patch_sweep.bodies import HOOKS, CaptureBody, encode_prompt, parse_body, parse_layers
-from toolkit.patches.vllm.patch_sweep.engine import Engine, engine_of
-from toolkit.patches.vllm.patch_sweep.errors import BadRequest, error_response
+from toolkit.patches.vllm.patch_sweep.engine_client import Engine, engine_of
+from toolkit.patches.vllm.patch_sweep.refusals import BadRequest, error_response
 from toolkit.patches.vllm.patch_sweep.execution import run_sweep
 from toolkit.patches.vllm.patch_sweep.sweep import prepare_sweep
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.clients.patch_study import PatchStudy, PatchStudyError, Span
-from toolkit.verify.checks.base import Check, CheckFailed, CheckSkipped, Target, first_difference, ids_evidence
+from toolkit.verify.checks.check_types import Check, CheckFailed, CheckSkipped, Target, first_difference, ids_evidence
 from toolkit.verify.client import ServerGone
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolkit.verify.grammar import check_events, compare_outputs
-from toolkit.verify.checks.base import MESSAGES, TOOLS, Check, CheckFailed, Target
+from toolkit.verify.checks.check_types import MESSAGES, TOOLS, Check, CheckFailed, Target
 from toolkit.verify.client import HTTPStatusError
 
 

@@ -16,7 +16,7 @@ import secrets
 import uuid
 from typing import Any
 
-from toolkit.patches.vllm.patch_sweep.errors import BadRequest
+from toolkit.patches.vllm.patch_sweep.refusals import BadRequest
 from toolkit.patches.vllm.patch_sweep.shared import PLAN_KEY, WORKER_PREFIX
 
 MAX_BYTES_ENV = "TOOLKIT_PATCH_RUNS_MAX_BYTES"  # the bound on each worker's stored runs
