@@ -101,7 +101,7 @@ def stale_cell(fix: dict) -> str:
                          "or a string saying why there is no verdict)")
     if not fix.get("copy_sha256"):
         raise TableError(f"findings.toml: {fix.get('file')!r} has a verdict but no copy_sha256")
-    from toolkit.releases import LINES
+    from toolkit.kit._releases import LINES
 
     unknown = [release for release in stale if release.split("==")[0] not in LINES]
     if unknown:

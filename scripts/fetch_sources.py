@@ -23,10 +23,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # this checkout's toolkit, under a python that has not installed it
 
-from toolkit import releases  # noqa: E402
+from toolkit.kit import _releases as releases  # noqa: E402
 from toolkit.errors import PatchError  # noqa: E402
 # The cache layout, for the scripts that load this one as a module (scripts/envs.py):
-from toolkit.releases import DEFAULT_SOURCES, UNPACKED_MARKER, locked, source_dir, source_lock, sources_dir  # noqa: E402,F401
+from toolkit.kit._releases import DEFAULT_SOURCES, UNPACKED_MARKER, locked, source_dir, source_lock, sources_dir  # noqa: E402,F401
 
 
 def fetch(dist: str, version: str) -> Path:

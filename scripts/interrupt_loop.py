@@ -48,7 +48,8 @@ def build_site(release: str, patch_id: str, work: Path) -> tuple[str, Path, list
     dist-info and the files ``patch_id`` edits, and sees this interpreter's site-packages for toolkit."""
     import site as site_module
 
-    from toolkit import patch_registry, releases
+    from toolkit import patch_registry
+    from toolkit.kit import _releases as releases
 
     dist, version = releases.parse_release(release)
     source = releases.fetch(dist, version)  # the whole release: repair reads pip's RECORD in its dist-info

@@ -25,6 +25,17 @@ OUT = REPO / "docs" / "kit-reference.md"
 # Kit API v1, in the order a patch author meets it (docs/writing-patches.md, "What is public").
 KIT_MODULES = ("toolkit.declare", "toolkit.codemod", "toolkit.testing", "toolkit.releases", "toolkit.matrix")
 
+
+def _face_of(home: str) -> str:
+    """The public path of a name defined in ``home``: a face's private module (toolkit.kit._declare) is
+    documented as the face (toolkit.declare), the code behind it being no path a patch author imports."""
+    package, _, module = home.rpartition(".")
+    return f"toolkit.{module[1:]}" if package == "toolkit.kit" and f"toolkit.{module[1:]}" in KIT_MODULES else home
+
+
+def _owner(face: str) -> str:
+    return f"toolkit.kit._{face.rpartition('.')[2]}"
+
 # AnchoredTransformer's methods and class attributes a patch author calls or sets; the engine's own
 # plumbing (visit_/leave_ hooks) is left out.
 TRANSFORMER_METHODS = ("hit", "marker", "marked_statement", "marked_line", "marked_header", "marked_decorator",
@@ -52,7 +63,7 @@ def _entry(title: str, obj) -> list[str]:
 def _constant_comment(module, name: str) -> str:
     """The ``#`` lines right above ``name``'s module-level assignment, and its own trailing comment: what
     a constant says of itself."""
-    source = inspect.getsource(module)
+    source = inspect.getsource(importlib.import_module(_owner(module.__name__)))
     lines = source.splitlines()
     for node in ast.parse(source).body:
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
@@ -92,7 +103,7 @@ def render() -> str:
         lines += [f"## `{module_name}`", "", _first_paragraph(module.__doc__ or "(no docstring)"), ""]
         for name in module.__all__:
             obj = getattr(module, name)
-            home = getattr(obj, "__module__", module_name)
+            home = _face_of(getattr(obj, "__module__", module_name))
             if inspect.isclass(obj) and home != module_name:  # a re-export: documented where it lives
                 lines += [f"### `{name}`", "", f"Re-exported from `{home}` (above): the same object.", ""]
             elif name == "AnchoredTransformer":

@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 from toolkit.base import engines
 from toolkit.base.suggest import did_you_mean
-from toolkit.declare import Patch
+from toolkit.kit._declare import Patch
 from toolkit.errors import RegistryError, UsageError
 
 ENTRY_POINT_GROUP = "toolkit.patches"

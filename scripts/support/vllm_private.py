@@ -50,7 +50,7 @@ def release_files_back(site: Path, root: Path) -> None:
     have patched the venv for its lifetime: put the release's bytes back in the copy from the venv's
     backups, as new files (the hard links into the venv are never written through)."""
     from toolkit.errors import PatchError
-    from toolkit.kit.own_tests_engine import release_files_back as put_back
+    from toolkit.kit._own_tests_engine import release_files_back as put_back
 
     try:
         put_back(site, root, "vllm")

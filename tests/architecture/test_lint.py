@@ -9,7 +9,10 @@ import tomllib
 from tests.harness.fixtures import REPO_ROOT, load_script
 
 PUBLIC_FACES = ["toolkit", "toolkit.api", "toolkit.declare", "toolkit.codemod", "toolkit.testing", "toolkit.releases",
-                "toolkit.matrix"]
+                "toolkit.matrix", "toolkit.kit",
+                # the kit's code behind its faces: strict where the faces are
+                "toolkit.kit._declare", "toolkit.kit._codemod", "toolkit.kit._testing", "toolkit.kit._releases",
+                "toolkit.kit._matrix"]
 STRICT_FLAGS = ["disallow_any_generics", "disallow_subclassing_any", "disallow_untyped_calls", "disallow_untyped_defs",
                 "disallow_incomplete_defs", "check_untyped_defs", "disallow_untyped_decorators", "warn_return_any",
                 "strict_equality", "extra_checks"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.fixtures import ensure_source_tree, load_script
-from toolkit import releases
+from toolkit.kit import _releases as releases
 from toolkit.engine.sources import load_source
 
 

@@ -1,7 +1,7 @@
 """The engines' own tests of the code our patches edit, on the release and on the patched release (issue 50).
 
 Each release runs scripts/engine_own_tests.py, the repository's thin caller of ``toolkit own-tests`` (the porting
-command of docs/porting.md, step 6; toolkit/kit/own_tests.py): the release's own
+command of docs/porting.md, step 6; toolkit/kit/_own_tests_run.py): the release's own
 upstream test files nearest the files the patches edit (chosen from the patch declarations), on a private
 copy of the release and on a patched copy; every test that passes on the release must pass patched (a
 difference is rerun on both before it counts; a test failing on the release is listed, never counted).

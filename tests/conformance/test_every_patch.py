@@ -24,7 +24,7 @@ from tests.harness.fixtures import ensure_source_tree
 from toolkit import patch_registry
 from toolkit.engine import patching as engine
 from toolkit.engine import status as states
-from toolkit.releases import DEFAULT_SOURCES
+from toolkit.kit._releases import DEFAULT_SOURCES
 from toolkit.engine.sources import load_source
 from toolkit.testing import copy_files, digests, golden_problems
 from toolkit.engine.transform import run_transformers

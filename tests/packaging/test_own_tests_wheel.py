@@ -18,7 +18,7 @@ import pytest
 
 from scripts.support import sglang_tests
 from tests.packaging.test_wheel import checked, new_venv, run, site_packages, wheel  # noqa: F401  (wheel: a fixture)
-from toolkit.releases import cache_dir
+from toolkit.kit._releases import cache_dir
 
 REPO = Path(__file__).resolve().parents[2]
 PATCH_ID = "hello-own"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.kit import own_tests_compare as otc
-from toolkit.kit import own_tests_select as ots
+from toolkit.kit import _own_tests_compare as otc
+from toolkit.kit import _own_tests_select as ots
 from toolkit.patch_registry import catalog
 
 

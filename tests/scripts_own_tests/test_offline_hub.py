@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from scripts.support import offline_hub as oh
-from toolkit.kit import own_tests_compare as otc
-from toolkit.kit import own_tests_select as ots
+from toolkit.kit import _own_tests_compare as otc
+from toolkit.kit import _own_tests_select as ots
 
 FILES = {"vocab.json": b'{"a": 0}', "merges.txt": b"#version: 0.2\n", "config.json": b'{"model_type": "gpt2"}'}
 

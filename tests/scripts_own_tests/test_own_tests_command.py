@@ -21,7 +21,7 @@ import pytest
 
 from scripts.support import sglang_tests
 from toolkit.cli import main as toolkit_main
-from toolkit.releases import cache_dir
+from toolkit.kit._releases import cache_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = REPO_ROOT / "scripts" / "engine_own_tests.py"
@@ -141,7 +141,7 @@ FAILS_ON_BOTH = "test/unit/test_chat.py::test_fails_on_both"
 def record_of(path: Path, patches: list[str], not_passed: dict[str, str] | None) -> Path:
     """A record as ``--record`` writes it, of a whole run of STANDING_ON_A_RECORD: the release failed
     FAILS_ON_BOTH and passed the other two (what a run of both shows: the patch breaks only the third)."""
-    from toolkit.kit import own_tests_record
+    from toolkit.kit import _own_tests_record as own_tests_record
 
     item = {"date": "2026-11-29", "patches": patches, "test_files": 1, "tests": 3, "release_passed": 2,
             "patched_passed": 1, "regressions": [BROKEN_BY_THE_PATCH], "fixed": [], "flaky": [], "not_run_servers": [],

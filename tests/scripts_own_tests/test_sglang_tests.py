@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.kit import own_tests_compare as otc
-from toolkit.kit import own_tests_select as ots
+from toolkit.kit import _own_tests_compare as otc
+from toolkit.kit import _own_tests_select as ots
 from scripts.support import sglang_tests as st
 from toolkit.patch_registry import catalog
 

@@ -18,8 +18,9 @@ import libcst as cst
 import libcst.matchers as m
 import pytest
 
-from toolkit import patch_registry, releases
-from toolkit.kit import audit as kit_audit
+from toolkit import patch_registry
+from toolkit.kit import _releases as releases
+from toolkit.kit import _function_audit as kit_audit
 
 from tests.toolkit.test_bad_input import one_sentence, run
 

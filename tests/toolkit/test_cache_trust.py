@@ -15,7 +15,8 @@ import stat
 from pathlib import Path
 
 from tests.toolkit.test_release_cache import RELEASE, WHEEL, index  # noqa: F401 - the fixture
-from toolkit import cli, matrix, patch_registry, releases
+from toolkit import cli, matrix, patch_registry
+from toolkit.kit import _releases as releases
 
 SLIM_PROTOCOL = "sglang/srt/protocol.py"
 # what an edit of the cached protocol.py did: the demo patch's anchor gone, the verdict changed quietly

@@ -705,7 +705,8 @@ def test_umask_0_runs_of_matrix_repair_and_the_codemod_cache(
     an apply that fills the codemod cache, all under umask 0: every folder they make is 0755, every file
     0644 at most, and the engine's files keep their release modes."""
     from tests.toolkit.test_cache_trust import assert_never_more_open
-    from toolkit import cli, releases
+    from toolkit import cli
+    from toolkit.kit import _releases as releases
     from toolkit.engine import transform, transform_cache
     from toolkit.engine.repair import repair
 

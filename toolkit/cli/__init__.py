@@ -25,13 +25,13 @@ from toolkit.cli import output as out
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
 from toolkit.cli import own_tests
 from toolkit.cli.parser import _Parser, build_parser
-from toolkit.cli.ray import cmd_on_cluster
+from toolkit.cli.cluster_options import cmd_on_cluster
 from toolkit.engine.check import check_source
 from toolkit.engine.discovery import InstalledEngine, interpreter
 from toolkit.engine.sources import load_source
 from toolkit.errors import DriftError, PatchError, UsageError, io_error
 from toolkit.patch_registry import select
-from toolkit.kit import scaffold
+from toolkit.cli import new_patch
 
 PYTHON_OPTION = "--python PATH"
 DEBUG_ON = ("1", "true", "yes", "on")
@@ -142,7 +142,7 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    from toolkit.releases import parse_release  # the DIST==VERSION of matrix --release, same words
+    from toolkit.kit._releases import parse_release  # the DIST==VERSION of matrix --release, same words
 
     source = load_source(args.source, parse_release(args.release) if args.release else None)
     selection = select(source.engine, args.patches)  # the ids resolved once, against the tree's engine
@@ -186,7 +186,8 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_matrix(args: argparse.Namespace, console: Console) -> int:
-    from toolkit import matrix, releases
+    from toolkit.kit import _matrix as matrix
+    from toolkit.kit import _releases as releases
 
     selection = select(args.engine, args.patches)
     patches = list(selection.patches if selection.patches is not None else
@@ -221,7 +222,7 @@ def cmd_matrix(args: argparse.Namespace, console: Console) -> int:
 
 COMMANDS = {"verify": cmd_verify, "list": cmd_list, "apply-patch": cmd_apply_or_revert, "revert": cmd_apply_or_revert,
             "status": cmd_status, "check": cmd_check, "repair": cmd_repair,
-            "matrix": cmd_matrix, "new-patch": scaffold.cmd_new_patch,
+            "matrix": cmd_matrix, "new-patch": new_patch.cmd_new_patch,
             "audit": audit_cli.cmd_audit, "own-tests": own_tests.cmd_own_tests}
 
 

@@ -1,5 +1,5 @@
 """``toolkit audit COPY UPSTREAM``: its arguments, and what it prints (the comparison is
-:mod:`toolkit.kit.audit`). Exit 0 when the copy is current on every release asked, 1 when it is stale
+:mod:`toolkit.kit._function_audit`). Exit 0 when the copy is current on every release asked, 1 when it is stale
 (or the function is absent) on one, 2 for bad input."""
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def cmd_audit(args: argparse.Namespace, console: Console) -> int:
-    from toolkit import releases
-    from toolkit.kit.audit import audit
+    from toolkit.kit import _releases as releases
+    from toolkit.kit._function_audit import audit
 
     words = [w for w in (args.first, args.upstream) if w is not None]
     if len(words) != (1 if args.copy else 2):

@@ -1,4 +1,4 @@
-"""``toolkit own-tests RELEASE``: the command line of :mod:`toolkit.kit.own_tests` (its options, what it prints).
+"""``toolkit own-tests RELEASE``: the command line of :mod:`toolkit.kit._own_tests_run` (its options, what it prints).
 
 Exit codes: 0 every test passing on the release passes patched, 1 a regression, 2 usage or setup error,
 3 nothing to compare (no test file chosen, or none collected), 130 interrupted (the private copies removed).
@@ -19,7 +19,7 @@ from toolkit.cli.options import add_output_options
 from toolkit.errors import PatchError, UsageError
 
 if TYPE_CHECKING:  # the parser imports this module: the run's modules load when the command runs
-    from toolkit.kit.own_tests import Options
+    from toolkit.kit._own_tests_run import Options
 
 
 def add_parser(sub: argparse._SubParsersAction, seconds: Any) -> argparse.ArgumentParser:
@@ -70,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction, seconds: Any) -> argparse.Argume
 
 
 def options_of(args: argparse.Namespace) -> Options:
-    from toolkit.kit import own_tests
+    from toolkit.kit import _own_tests_run as own_tests
 
     if args.record and (args.under or args.patches or args.extra_patch or args.scope != "near" or args.with_servers):
         raise UsageError("--record keeps whole runs only: no --under, --patch, --extra-patch, --scope all "
@@ -97,7 +97,7 @@ def options_of(args: argparse.Namespace) -> Options:
 def cmd_own_tests(args: argparse.Namespace, console: Console) -> int:
     """Exit 0 equal pass sets, 1 a regression, 2 usage or setup error (never 1: that is a regression's),
     3 nothing to compare."""
-    from toolkit.kit import own_tests
+    from toolkit.kit import _own_tests_run as own_tests
 
     options = options_of(args)
     try:
@@ -114,9 +114,9 @@ def cmd_own_tests(args: argparse.Namespace, console: Console) -> int:
 
 
 def _run(args: argparse.Namespace, console: Console, options: Options) -> int:
-    from toolkit.kit import own_tests
-    from toolkit.kit import own_tests_record as record
-    from toolkit.kit.own_tests_compare import skipped_list
+    from toolkit.kit import _own_tests_run as own_tests
+    from toolkit.kit import _own_tests_record as record
+    from toolkit.kit._own_tests_compare import skipped_list
 
     if args.list:
         selection = own_tests.list_files(options)

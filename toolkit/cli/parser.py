@@ -15,9 +15,9 @@ from toolkit.cli import output as out
 from toolkit.cli.options import add_output_options
 from toolkit.cli import audit as audit_cli  # toolkit audit: its arguments and its command
 from toolkit.cli import own_tests
-from toolkit.cli.ray import add_ray_options
+from toolkit.cli.cluster_options import add_ray_options
 from toolkit.engine.patching import DEFAULT_LOCK_TIMEOUT
-from toolkit.kit import scaffold
+from toolkit.cli import new_patch
 from toolkit.verify import checks as verify_checks  # the names only: no check module loads
 from toolkit.base.suggest import did_you_mean
 
@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", action="store_true", help="every release on the package index instead of the known ones")
     p.add_argument("--offline", action="store_true", help="no index and no download: the releases already cached")
 
-    scaffold.add_parser(sub)
+    new_patch.add_parser(sub)
     audit_cli.add_parser(sub)
     own_tests.add_parser(sub, _seconds)
     _Parser.commands = dict(sub.choices)

@@ -1,4 +1,4 @@
-"""This process's connection to a Ray cluster for :mod:`toolkit.cluster.ray`: the one it has, or one made
+"""This process's connection to a Ray cluster for :mod:`toolkit.cluster.every_node`: the one it has, or one made
 for the call; ``ray`` missing, a malformed address or no cluster answering is one sentence.
 
 ``ray`` is imported only here, on first use: it is no dependency of this package.

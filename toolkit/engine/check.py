@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from toolkit.declare import FileEdit, Patch
+from toolkit.kit._declare import FileEdit, Patch
 from toolkit.errors import PatchError
 from toolkit.engine.sources import SourceTree
 from toolkit import patch_registry

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from toolkit import patch_registry
 from toolkit.engine import fs
-from toolkit.declare import Patch, not_a_release
+from toolkit.kit._declare import Patch, not_a_release
 from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import PatchError, UsageError, io_error
 from toolkit.engine.journal import FileChange, clear_orphans, write_all_or_nothing

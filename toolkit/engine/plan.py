@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from toolkit.engine import fs
-from toolkit.declare import FileEdit, Patch
+from toolkit.kit._declare import FileEdit, Patch
 from toolkit.engine.discovery import EDITABLE, InstalledEngine
 from toolkit.errors import DriftError, PatchError
 from toolkit.engine.overlap import refuse_unordered

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit.engine import patching
-from toolkit import patch_registry, releases
+from toolkit import patch_registry
+from toolkit.kit import _releases as releases
 from toolkit.base.cache_files import fresh_private_folder, restrict
 from toolkit.engine import fs
 from toolkit.base.engines import NAMES as ENGINE_NAMES

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from toolkit.engine import fs
-from toolkit.declare import Patch
+from toolkit.kit._declare import Patch
 from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import CorruptManifest, PatchError
 from toolkit.engine.state import RECOVER, Manifest, StateDir, sha256_bytes, sha256_file

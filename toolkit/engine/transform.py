@@ -14,8 +14,8 @@ import libcst as cst
 from packaging.version import InvalidVersion
 
 from toolkit.engine import transform_cache
-from toolkit.codemod import AnchorResult
-from toolkit.declare import FileEdit, Patch, PatchContext
+from toolkit.kit._codemod import AnchorResult
+from toolkit.kit._declare import FileEdit, Patch, PatchContext
 from toolkit.errors import AnchorError, PatchError
 
 

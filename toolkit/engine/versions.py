@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from toolkit.declare import Patch, not_a_release
+from toolkit.kit._declare import Patch, not_a_release
 from toolkit.engine.discovery import InstalledEngine
 from toolkit.errors import PatchError
 

@@ -62,7 +62,7 @@ def check_release(version: str, on_cpu: bool, environ=None) -> None:
     post release counts as its release); ``TOOLKIT_SUPERLINEAR_ANY_VLLM=1`` lets any release try."""
     import os
 
-    from toolkit.declare import release_in
+    from toolkit.kit._declare import release_in
     from toolkit.patches.common.superlinear.switch import SuperlinearConfigError
 
     environ = os.environ if environ is None else environ

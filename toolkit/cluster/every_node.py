@@ -20,7 +20,7 @@ from toolkit.engine import patching
 from toolkit.cluster.connect import connected, first_line
 from toolkit.api import check_lock_timeout, check_patches_arg
 from toolkit.errors import PatchError, UsageError
-from toolkit.cluster.start_check import engine_start_env
+from toolkit.cluster.expected_patches import engine_start_env
 from toolkit.base.version import __version__
 
 DEFAULT_NODE_TIMEOUT = 600.0  # seconds one node's toolkit run may take (a cold apply of every patch: ~half a minute)
@@ -76,7 +76,7 @@ class ClusterReport:
     @property
     def engine_env(self) -> dict[str, str]:
         """The variables to start vLLM with, so that each of its processes, on every node, refuses to start
-        on an install without the patches every node has now (:mod:`toolkit.cluster.start_check`); empty when no
+        on an install without the patches every node has now (:mod:`toolkit.cluster.expected_patches`); empty when no
         vLLM patch is applied or a node failed."""
         vllm = [row for row in self.nodes if row.engine == "vllm"]
         if not vllm or not self.ok:

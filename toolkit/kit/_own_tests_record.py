@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import UsageError
-from toolkit.kit.own_tests_compare import PASSED, Outcome
+from toolkit.kit._own_tests_compare import PASSED, Outcome
 
 Report = dict[str, Any]
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from toolkit.base import engines
-from toolkit import releases
+from toolkit.kit import _releases as releases
 from toolkit.errors import PatchError, UsageError
 
 BLOCKS = ("body", "orelse", "handlers", "finalbody", "cases")
@@ -324,7 +324,7 @@ def audit(copy_spec: str, upstream: str, *, copy_qualname: str | None = None,
     engine, relpaths, parts = parse_upstream(upstream)
     copy, qualname = load_copy(copy_spec, copy_qualname, parts[-1])
     if not chosen:
-        from toolkit.matrix import choose_releases
+        from toolkit.kit._matrix import choose_releases
 
         chosen = choose_releases([engine], offline=offline)
     wrong = [f"{d}=={v}" for d, v in chosen if releases.LINES[d][0] != engine]
@@ -363,6 +363,6 @@ def audit(copy_spec: str, upstream: str, *, copy_qualname: str | None = None,
 
 
 def _order(release: tuple[str, str]) -> tuple[int, object]:
-    from toolkit.matrix import release_order
+    from toolkit.kit._matrix import release_order
 
     return release_order(release)

@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from toolkit.kit.own_tests_select import NO_SERVER
+from toolkit.kit._own_tests_select import NO_SERVER
 
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
 _RANK = {PASSED: 0, SKIPPED: 1, FAILED: 2, ERROR: 3}  # a test reported twice (teardown error) keeps the worst

@@ -11,7 +11,6 @@ strings: no package data to ship.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -20,11 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from string import Template
 
-from rich.console import Console
-
 from toolkit.base import engines
-from toolkit.cli import output as out
-from toolkit.cli.options import add_output_options
 from toolkit.engine import interrupts
 from toolkit.errors import UsageError
 from toolkit.base.version import __version__
@@ -37,7 +32,7 @@ MAX_NAME = 48
 class EngineTarget:
     """Where an engine's skeleton edits: a method present in every release of ``versions``."""
 
-    title: str
+    engine: str
     versions: str  # the engine's whole proven range
     relpath: str
     cls: str
@@ -50,24 +45,25 @@ class EngineTarget:
     golden_version: str
 
 
-TARGETS = {
-    "vllm": EngineTarget(
-        title="vLLM", versions=">=0.24.0,<=0.33.0",
-        relpath="entrypoints/openai/chat_completion/serving.py", cls="OpenAIServingChat",
-        method="create_chat_completion", params="self, request, raw_request=None",
-        docstring="Chat Completion API similar to OpenAI's API.",
-        body="return await self._create_chat_completion(request, raw_request)",
-        called_for="each chat completion request", request_type="vllm's ChatCompletionRequest",
-        golden_version="0.33.0"),
-    "sglang": EngineTarget(
-        title="SGLang", versions=">=0.5.9,<=0.5.23",
-        relpath="srt/entrypoints/openai/serving_chat.py", cls="OpenAIServingChat",
-        method="_handle_streaming_request", params="self, adapted_request, request, raw_request",
-        docstring="Handle streaming chat completion request",
-        body="return StreamingResponse(self._generate_chat_stream(adapted_request, request, raw_request))",
-        called_for="each streamed chat completion request", request_type="sglang's ChatCompletionRequest",
-        golden_version="0.5.23"),
-}
+    @property
+    def title(self) -> str:
+        return engines.ENGINES[self.engine].title
+
+
+# One row per engine: engine, versions, relpath, class, method, its parameters, its docstring, the rest of its
+# body, what the hook is called for, the request's type, the release of the golden snippet.
+TARGETS = {target.engine: target for target in (
+    EngineTarget("vllm", ">=0.24.0,<=0.33.0", "entrypoints/openai/chat_completion/serving.py", "OpenAIServingChat",
+                 "create_chat_completion", "self, request, raw_request=None",
+                 "Chat Completion API similar to OpenAI's API.",
+                 "return await self._create_chat_completion(request, raw_request)",
+                 "each chat completion request", "vllm's ChatCompletionRequest", "0.33.0"),
+    EngineTarget("sglang", ">=0.5.9,<=0.5.23", "srt/entrypoints/openai/serving_chat.py", "OpenAIServingChat",
+                 "_handle_streaming_request", "self, adapted_request, request, raw_request",
+                 "Handle streaming chat completion request",
+                 "return StreamingResponse(self._generate_chat_stream(adapted_request, request, raw_request))",
+                 "each streamed chat completion request", "sglang's ChatCompletionRequest", "0.5.23"),
+)}
 
 # ---- the templates ($names are filled in by new_patch; nothing else in them starts with $)
 
@@ -356,35 +352,3 @@ def new_patch(name: str, engine: str, directory: Path | str | None = None) -> Pa
 
 def written_files(folder: Path) -> list[str]:
     return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
-
-
-# ---- the command (wired into toolkit/cli/__init__.py's parser and COMMANDS)
-
-def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    p = sub.add_parser("new-patch", help="write a patch package of your own that passes its own tests")
-    p.add_argument("name", help="the patch id, lowercase words joined by hyphens (my-fix -> toolkit-patch-my-fix)")
-    p.add_argument("--engine", required=True, choices=engines.NAMES, help="the engine the patch edits")
-    p.add_argument("--dir", dest="directory", metavar="DIR",
-                   help="where to write it, a new or empty folder (default: ./toolkit-patch-NAME)")
-    add_output_options(p, "also list the files written")
-    return p
-
-
-def cmd_new_patch(args: argparse.Namespace, console: Console) -> int:
-    folder = new_patch(args.name, args.engine, args.directory)
-    files = written_files(folder)
-    target = TARGETS[args.engine]
-    if args.json:
-        out.emit_json(True, name=args.name, engine=args.engine, versions=target.versions,
-                      distribution=distribution_of(args.name), package=package_of(args.name),
-                      directory=str(folder), files=files)
-        return 0
-    console.print(f"wrote {distribution_of(args.name)} ({target.title} patch {args.name}, {target.versions}) "
-                  f"in {folder}", markup=False, highlight=False, soft_wrap=True)
-    if args.verbose:
-        for name in files:
-            console.print(f"  {name}", markup=False, highlight=False, soft_wrap=True)
-    # the test extra: a fresh venv has no pytest (pyproject's [project.optional-dependencies] test)
-    console.print(f"next: cd {folder} && pip install -e '.[test]' && python -m pytest", markup=False, highlight=False,
-                  soft_wrap=True)
-    return 0

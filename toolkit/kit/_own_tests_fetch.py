@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from toolkit.errors import PatchError, UsageError
-from toolkit.releases import cache_dir
+from toolkit.kit._releases import cache_dir
 
 # The pytest stack vLLM's own CPU test lock pins (requirements/test/cpu.txt of 0.32.0).
 RUNNER_PINS = ("pytest==9.1.0", "pytest-asyncio==1.4.0", "pluggy==1.5.0", "iniconfig==2.0.0", "pygments==2.21.0",

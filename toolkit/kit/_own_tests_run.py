@@ -3,19 +3,19 @@ release and on the patched release (issue 50; a command since issue 58).
 
 1. The files the patches edit on that release (``Patch.files_for(version)``, first-party and outside patches
    alike: the ``toolkit.patches`` entry points) become module names; the release's own test files that
-   import one of them are chosen (:mod:`toolkit.kit.own_tests_select`), by default (``--scope near``) those
+   import one of them are chosen (:mod:`toolkit.kit._own_tests_select`), by default (``--scope near``) those
    in the test folder mirroring an edited module's package or named for it.
 2. The tests: vLLM's from the release's sdist on the index, SGLang's from ``--tests DIR``
-   (:mod:`toolkit.kit.own_tests_fetch`).
-3. Two private copies of the installed engine (:mod:`toolkit.kit.own_tests_engine`), one patched, each run by
+   (:mod:`toolkit.kit._own_tests_fetch`).
+3. Two private copies of the installed engine (:mod:`toolkit.kit._own_tests_engine`), one patched, each run by
    the engine's interpreter with pytest, offline, with a private HF_HOME (a copy of ``--hf-home DIR``, or an
    empty one). The copies live in ``<cache>/scratch/own-tests-*`` and are removed on every exit, Ctrl-C,
    SIGTERM and SIGHUP included; the logs are kept in ``<cache>/engine-tests/logs/``.
 4. A test that passes on the release and not patched is rerun on both: still so, a regression; otherwise
-   flaky, reported and not counted (:mod:`toolkit.kit.own_tests_compare`).
+   flaky, reported and not counted (:mod:`toolkit.kit._own_tests_compare`).
 
 ``--release-from RECORD.json`` takes the release's outcomes from an earlier whole run's record
-(:mod:`toolkit.kit.own_tests_record`, which keeps every test that did not pass on the release) instead of
+(:mod:`toolkit.kit._own_tests_record`, which keeps every test that did not pass on the release) instead of
 running the release again: only the patched copy runs, and every test whose patched outcome differs from the
 record is then run on the release *and* patched again, so a regression is still one seen on the release now.
 
@@ -38,17 +38,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from toolkit.declare import Patch
+from toolkit.kit._declare import Patch
 from toolkit.engine import interrupts
 from toolkit.errors import PatchError, UsageError
-from toolkit.kit import own_tests_compare as compare
-from toolkit.kit import own_tests_record as record
-from toolkit.kit import own_tests_select as select
+from toolkit.kit import _own_tests_compare as compare
+from toolkit.kit import _own_tests_record as record
+from toolkit.kit import _own_tests_select as select
 from toolkit.base import engines
-from toolkit.kit.own_tests_engine import EngineInstall, PytestRun, locate, private_copy, toolkit_view
-from toolkit.kit.own_tests_fetch import engine_tests_dir, fetch_tests, runner_site
+from toolkit.kit._own_tests_engine import EngineInstall, PytestRun, locate, private_copy, toolkit_view
+from toolkit.kit._own_tests_fetch import engine_tests_dir, fetch_tests, runner_site
 from toolkit.patch_registry import Catalog, catalog as engine_catalog, ordered
-from toolkit.releases import cache_dir, parse_release
+from toolkit.kit._releases import cache_dir, parse_release
 
 EXIT_REGRESSION = 1
 EXIT_NOTHING_COMPARED = 3
@@ -153,7 +153,7 @@ def selection_of(root: Path, folder: str, chosen: Chosen, options: Options,
 def list_files(options: Options) -> select.Selection:
     """The test files a run would choose: from the release's files in the cache (``toolkit.releases``); no
     engine environment, no copy, no run."""
-    from toolkit.releases import release_tree
+    from toolkit.kit._releases import release_tree
 
     dist, version = release_of(options.release)
     chosen = choose(dist, version, options)

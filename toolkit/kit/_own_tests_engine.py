@@ -19,13 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import toolkit
 from toolkit.base import engines
-from toolkit.declare import Patch
+from toolkit.kit._declare import Patch
 from toolkit.engine.discovery import find_engines, site_dirs
 from toolkit.errors import PatchError, UsageError
-from toolkit.kit.own_tests_compare import Outcome, parse_junit
-from toolkit.kit.own_tests_select import CPU_CLEANUP_PLUGIN, SERVER_PLUGIN
+from toolkit.kit._own_tests_compare import Outcome, parse_junit
+from toolkit.kit._own_tests_select import CPU_CLEANUP_PLUGIN, SERVER_PLUGIN
 from toolkit.patch_registry import Catalog, markers_in
 
 # the subpackages an installed toolkit holds that a checkout maps from its own folders (editable installs)
@@ -113,7 +112,8 @@ def toolkit_view(root: Path) -> Path:
     view = root / "view"
     package = view / "toolkit"
     package.mkdir(parents=True)
-    for base in toolkit.__path__:
+    spec = importlib.util.find_spec("toolkit")  # the package this process imports (its front door not imported here)
+    for base in (spec.submodule_search_locations or []) if spec else []:
         for entry in Path(base).iterdir():
             if entry.name != "__pycache__" and not (package / entry.name).exists():
                 (package / entry.name).symlink_to(entry)
