@@ -22,7 +22,10 @@ def release_cached():
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv))
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # an option argparse refuses exits from inside main, as the command does
+        code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
 
