@@ -34,9 +34,9 @@ def matrix():
 
 @pytest.fixture(scope="module")
 def cells(matrix):
-    """Every release's cells, the libcst work once per sha256 group of each patch's files, two releases
-    at a time (each one process's libcst work; CI has two cores). A wheel missing from the slim cache
-    is downloaded once, then deleted."""
+    """Every release's cells (toolkit.matrix.run, as the script runs it), the libcst work once per sha256
+    group of each patch's files, two groups at a time (each one process's libcst work; CI has two cores).
+    A wheel missing from the slim cache is downloaded once, then deleted."""
     return matrix.run([(dist, v) for dist, versions in RELEASES.items() for v in versions], offline=False,
                       keep_wheels=False, jobs=2)
 
