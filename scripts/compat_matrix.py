@@ -2,13 +2,14 @@
 """The compatibility matrix: every release of each engine line x every registered patch of that engine.
 
     ~/.cache/toolkit/venvs/dev/bin/python scripts/compat_matrix.py [--release DIST==VERSION ...]
-        [--index] [--offline] [--keep-wheels] [--json] [--write-doc] [--check]
+        [--index] [--offline] [--keep-wheels] [--jobs N] [--json] [--write-doc] [--check]
 
 Run it with the dev venv's python (it imports this project). The cells are ``toolkit matrix``'s
 (toolkit/matrix.py: declared, anchors found/total, golden, sha256 group; the releases' files from
-toolkit/releases.py, whose cache this shares); this script adds the jobs of this repository: the
-behaviour and server columns, read from what the test suite runs (scripts/support/tested_releases.py),
-``--check`` against them, ``--write-doc`` and ``--fetch-only`` (scripts/test.sh's setup).
+toolkit/releases.py, whose cache this shares; the libcst work once per sha256 group, ``--jobs`` at a
+time); this script adds the jobs of this repository: the behaviour and server columns, read from what
+the test suite runs (scripts/support/tested_releases.py), ``--check`` against them, ``--write-doc`` and
+``--fetch-only`` (scripts/test.sh's setup).
 
 The releases are RELEASES (toolkit.releases.KNOWN_RELEASES: every release on the index in the ranges
 of LINES when it was last widened); ``--index`` lists them with ``pip index versions DIST`` instead.
@@ -28,10 +29,12 @@ import argparse
 import datetime
 import importlib
 import json
+import os
 import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -43,12 +46,11 @@ from packaging.version import Version  # noqa: E402
 from scripts.support import own_tests_record  # noqa: E402
 from scripts.support import tested_releases as tested  # noqa: E402
 from toolkit import patch_registry  # noqa: E402
-from toolkit.kit import _matrix as matrix
-from toolkit.kit import _releases as releases
+from toolkit.kit import _matrix as matrix  # noqa: E402
+from toolkit.kit import _releases as releases  # noqa: E402
 from toolkit.errors import PatchError  # noqa: E402
-from toolkit.kit._matrix import assign_groups, files_digest  # noqa: E402,F401
+from toolkit.kit._matrix import assign_groups  # noqa: E402,F401
 from toolkit.kit._releases import LINES, SLIM_MARKER  # noqa: E402,F401
-from toolkit.engine.sources import SourceTree, load_source  # noqa: E402,F401
 
 RELEASES = releases.KNOWN_RELEASES  # every release of each line on the index, as of the matrix's last widening
 
@@ -95,56 +97,9 @@ class Cell(matrix.Cell):
     server: bool = False  # a real server and toolkit verify run on it
 
 
-def evaluate(tree: SourceTree, patches=None) -> list[Cell]:
-    """Every patch of ``tree``'s engine (or ``patches``) on this one release: toolkit.matrix's cells."""
-    return [Cell(**asdict(cell)) for cell in matrix.evaluate(tree, patches)]
-
-
-def _evaluate_chosen(job: tuple[str, str, tuple[str, ...]]) -> list[Cell]:
-    """One release's cells for the patches named (a pool job: names pickle, patches need not)."""
-    dist, version, patch_ids = job
-    tree = load_source(ensure_slim(dist, version))
-    return evaluate(tree, [p for p in patch_registry.catalog(tree.engine).patches if p.id in patch_ids])
-
-
-def evaluate_releases(chosen: list[tuple[str, str]], *, jobs: int = 2) -> list[Cell]:
-    """Every patch on every release of ``chosen``, grouped, the libcst work once per group.
-
-    Anchors and golden are a function of the patch's transformers and the bytes of the files it
-    edits (codemods follow the code's structure, never the version number), so a release whose files
-    are byte-identical to an earlier release's (same sha256 group) takes that release's anchors and
-    golden; declared is its own. Each group's work runs on the release it first appears on, ``jobs``
-    releases at a time (fork: each job one process's libcst work)."""
-    import multiprocessing
-
-    chosen = sorted(set(chosen), key=matrix.release_order)
-    seen: dict[tuple[str, str, str], tuple[str, str]] = {}  # (engine, patch, digest) -> the release that checks it
-    plan: list[tuple[str, str, list[tuple[str, str]]]] = []  # (dist, version, [(patch id, digest)])
-    for dist, version in chosen:
-        tree = load_source(ensure_slim(dist, version))
-        keyed = [(p.id, files_digest(tree, p)) for p in patch_registry.catalog(tree.engine).patches]
-        for patch_id, digest in keyed:
-            seen.setdefault((tree.engine, patch_id, digest), (dist, version))
-        plan.append((dist, version, keyed))
-    work = [(dist, version, tuple(pid for pid, digest in keyed if seen[(LINES[dist][0], pid, digest)] == (dist, version)))
-            for dist, version, keyed in plan]
-    work = [job for job in work if job[2]]
-    with multiprocessing.get_context("fork").Pool(max(1, jobs)) as pool:
-        checked = {(c.dist, c.version, c.patch): c for chunk in pool.map(_evaluate_chosen, work, chunksize=1)
-                   for c in chunk}
-    patches = {(p.engine, p.id): p for p in patch_registry.registry()}
-    cells: list[Cell] = []
-    for dist, version, keyed in plan:
-        engine = LINES[dist][0]
-        for patch_id, digest in keyed:
-            first = checked[(*seen[(engine, patch_id, digest)], patch_id)]
-            patch = patches[(engine, patch_id)]
-            # what depends on the version, not on the files' bytes, is the release's own
-            cells.append(first if (first.dist, first.version) == (dist, version) else
-                         Cell(**{**asdict(first), "dist": dist, "version": version,
-                                 "declared": patch.supports(version), "not_needed": patch.not_needed_on(version)}))
-    assign_groups(cells)
-    return cells
+def with_test_columns(cells: Sequence[matrix.Cell]) -> list[Cell]:
+    """``toolkit matrix``'s cells as this script's, their test columns empty until :func:`assign_tests`."""
+    return [Cell(**asdict(cell)) for cell in cells]
 
 
 def assign_tests(cells: list[Cell]) -> None:
@@ -206,11 +161,12 @@ def fetch_only(wanted: list[tuple[str, str]], *, jobs: int) -> int:
     return 1 if failures else 0
 
 
-def run(chosen: list[tuple[str, str]], *, offline: bool, keep_wheels: bool) -> list[Cell]:
-    """Every registered patch on every release of ``chosen`` (toolkit.matrix.run), with the test columns."""
+def run(chosen: list[tuple[str, str]], *, offline: bool, keep_wheels: bool, jobs: int = 1) -> list[Cell]:
+    """Every registered patch on every release of ``chosen`` (toolkit.matrix.run: the anchors and golden
+    once per sha256 group, ``jobs`` processes at a time), with the test columns."""
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    cells = [Cell(**asdict(c)) for c in matrix.run(patch_registry.registry(), chosen, offline=offline,
-                                                   keep_wheels=keep_wheels, progress=progress)]
+    cells = with_test_columns(matrix.run(patch_registry.registry(), chosen, offline=offline, keep_wheels=keep_wheels,
+                                         progress=progress, jobs=jobs))
     assign_tests(cells)
     return cells
 
@@ -430,10 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-only", action="store_true",
                         help="only build the releases' slim trees (downloads side by side, --jobs at a time), "
                              "check nothing: scripts/test.sh's setup, so the tests only read the cache")
-    parser.add_argument("--jobs", type=int, default=4, help="downloads at once with --fetch-only (default 4)")
+    parser.add_argument("--jobs", type=int, metavar="N",
+                        help="downloads at once with --fetch-only (default 4); else patches checked at once, each "
+                             "in its own process (default: the number of CPUs)")
     args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs: the number of processes must be 1 or more, not {args.jobs}")
     if args.fetch_only:
-        return fetch_only(args.release or [(d, v) for d in LINES for v in RELEASES[d]], jobs=max(1, args.jobs))
+        return fetch_only(args.release or [(d, v) for d in LINES for v in RELEASES[d]], jobs=args.jobs or 4)
     if args.cells:
         cells = reread(args.cells)
     else:
@@ -447,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             except PatchError as exc:
                 sys.exit(f"error: {exc}; --offline reads only the trees already cached")
         try:
-            cells = run(chosen, offline=args.offline, keep_wheels=args.keep_wheels)
+            cells = run(chosen, offline=args.offline, keep_wheels=args.keep_wheels,
+                        jobs=args.jobs or os.cpu_count() or 1)
         except PatchError as exc:
             sys.exit(f"error: {exc}")
     given = argv if argv is not None else sys.argv[1:]

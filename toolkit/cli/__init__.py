@@ -205,7 +205,7 @@ def cmd_matrix(args: argparse.Namespace, console: Console) -> int:
     if status_line:
         status_line.start()
     try:
-        cells = matrix.run(patches, chosen, offline=args.offline, known=selection.known,
+        cells = matrix.run(patches, chosen, offline=args.offline, known=selection.known, jobs=args.jobs,
                            progress=(lambda line: status_line.update(f"matrix: {line}")) if status_line else None)
     finally:
         if status_line:

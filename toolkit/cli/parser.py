@@ -90,6 +90,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _processes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of processes: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the number of processes must be 1 or more, not {value}")
+    return value
+
+
 def _add_output(parser: argparse.ArgumentParser) -> None:
     add_output_options(parser, "print more detail (every file, per-file states)")
 
@@ -180,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only this release (repeatable; default: every known release of the engine's lines)")
     p.add_argument("--index", action="store_true", help="every release on the package index instead of the known ones")
     p.add_argument("--offline", action="store_true", help="no index and no download: the releases already cached")
+    p.add_argument("--jobs", type=_processes, default=1, metavar="N",
+                   help="check N patches at once, each in its own process (default 1)")
 
     new_patch.add_parser(sub)
     audit_cli.add_parser(sub)

@@ -5,14 +5,15 @@ contains the release), anchors found/total (what ``toolkit check --source`` repo
 of the patch's files, through the patch engine: apply, compile, marker, second apply a no-op, revert
 byte-identical; tried on undeclared releases too, not at all when an anchor is missing: ``n/a``) and
 group: releases whose files edited by the patch have the same sha256 share a group, so one behaviour
-test per group covers them all. The releases' files come from :mod:`toolkit.releases`.
+test per group covers them all (and the anchors and golden run once per group). The releases' files
+come from :mod:`toolkit.releases`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -113,13 +114,47 @@ def choose_releases(engines: Sequence[str], *, index: bool = False, offline: boo
     return [(d, v) for d in lines for v in releases.KNOWN_RELEASES[d]]
 
 
+# The pool's work, set before the fork so that each child inherits it: a job is an index into it (a patch need
+# not pickle: another distribution's or a test's patch may be a class in no importable module).
+_WORK: list[tuple[SourceTree, Patch, Catalog]] = []
+
+
+def _evaluate_one(index: int) -> Cell:
+    tree, patch, catalog = _WORK[index]
+    return evaluate(tree, [patch], catalog=catalog)[0]
+
+
+def _evaluate_work(work: list[tuple[SourceTree, Patch, Catalog]], jobs: int) -> list[Cell]:
+    """Each (release tree, patch, catalog)'s cell, ``jobs`` processes at a time where the platform forks."""
+    import multiprocessing
+
+    global _WORK
+    _WORK = work
+    try:
+        if jobs > 1 and len(work) > 1 and "fork" in multiprocessing.get_all_start_methods():
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(work))) as pool:
+                return pool.map(_evaluate_one, range(len(work)), chunksize=1)
+        return [_evaluate_one(index) for index in range(len(work))]
+    finally:
+        _WORK = []
+
+
 def run(patches: Sequence[Patch], chosen: Sequence[tuple[str, str]], *, offline: bool = False,
         keep_wheels: bool = False, known: Sequence[Patch] | None = None,
-        progress: Callable[[str], None] | None = None) -> list[Cell]:
+        progress: Callable[[str], None] | None = None, jobs: int = 1) -> list[Cell]:
     """``patches`` on every release of ``chosen`` of their engines, oldest first per line, grouped.
-    ``known``: the registry as the command read it (default: read now)."""
+    ``known``: the registry as the command read it (default: read now).
+
+    Anchors and golden are a function of the patch's transformers and the bytes of the files it edits
+    (codemods follow the code's structure, never the version number): they are checked once per sha256
+    group, on the group's first release, ``jobs`` patches at a time (forked processes, where the platform
+    has fork); the other releases of the group take that cell with their own ``declared`` and ``not_needed``."""
+    if jobs < 1:
+        raise UsageError(f"jobs must be a whole number of processes >= 1, not {jobs}")
     known = list(patch_registry.registry() if known is None else known)
-    cells: list[Cell] = []
+    work: list[tuple[SourceTree, Patch, Catalog]] = []  # one per (engine, patch, digest): its first release
+    first: dict[tuple[str, str, str], int] = {}  # (engine, patch id, digest) -> its index in work
+    rows: list[tuple[SourceTree, Patch, int]] = []  # the cells in table order: release, patch, its work
     for dist, version in sorted(set(chosen), key=release_order):
         engine = releases.LINES[dist][0]
         mine = [p for p in patches if p.engine == engine]
@@ -133,8 +168,22 @@ def run(patches: Sequence[Patch], chosen: Sequence[tuple[str, str]], *, offline:
         tree = releases.release_tree(dist, version, wanted, offline=offline, keep_wheel=keep_wheels,
                                      widen_to=sorted(catalog.relpaths()))
         if progress:
-            progress(f"{dist} {version}: checking {len(mine)} patch(es)")
-        cells.extend(evaluate(tree, mine, catalog=catalog))
+            progress(f"{dist} {version}: read for {len(mine)} patch(es)")
+        for patch in mine:
+            index = first.setdefault((engine, patch.id, files_digest(tree, patch)), len(work))
+            if index == len(work):
+                work.append((tree, patch, catalog))
+            rows.append((tree, patch, index))
+    if progress:
+        progress(f"checking {len(work)} distinct file set(s) for {len(rows)} cell(s)")
+    checked = _evaluate_work(work, jobs)
+    cells = []
+    for tree, patch, index in rows:
+        cell = checked[index]
+        if (cell.dist, cell.version) != (tree.distribution, tree.version):  # what the version decides is its own
+            cell = replace(cell, dist=tree.distribution, version=tree.version, declared=patch.supports(tree.version),
+                           not_needed=patch.not_needed_on(tree.version), missing=list(cell.missing))
+        cells.append(cell)
     assign_groups(cells)
     return cells
 
