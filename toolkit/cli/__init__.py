@@ -54,11 +54,18 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
+def _on_cluster(args: argparse.Namespace, console: Console) -> int | None:
+    """With ``--ray``, the command on every node of the cluster (its exit code); else None (this machine)."""
     if args.ray is not None:
         return cmd_on_cluster(args, console)
     if args.node_timeout is not None:
         raise UsageError("--node-timeout goes with --ray")
+    return None
+
+
+def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
+    if (code := _on_cluster(args, console)) is not None:
+        return code
     reverting = args.command == "revert"
     quiet = args.json or args.quiet
 
@@ -85,10 +92,8 @@ def cmd_apply_or_revert(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_status(args: argparse.Namespace, console: Console) -> int:
-    if args.ray is not None:
-        return cmd_on_cluster(args, console)
-    if args.node_timeout is not None:
-        raise UsageError("--node-timeout goes with --ray")
+    if (code := _on_cluster(args, console)) is not None:
+        return code
     selection = select(args.engine)
     per_engine = status_each(selection, args.python)
     if not per_engine and args.engine is None:

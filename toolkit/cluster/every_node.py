@@ -103,18 +103,11 @@ class ClusterPatchError(PatchError):
         return self.report.failed
 
 
-def apply_patch_on_cluster(
-    engine: str | None = None,
-    patches: Sequence[str] | None = None,
-    python: str | None = None,
-    *,
-    address: str | None = None,
-    allow_unknown_version: bool = False,
-    allow_editable: bool = False,
-    force: bool = False,
-    lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
-    node_timeout: float = DEFAULT_NODE_TIMEOUT,
-) -> ClusterReport:
+def apply_patch_on_cluster(engine: str | None = None, patches: Sequence[str] | None = None, python: str | None = None,
+                           *, address: str | None = None, allow_unknown_version: bool = False,
+                           allow_editable: bool = False, force: bool = False,
+                           lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
+                           node_timeout: float = DEFAULT_NODE_TIMEOUT) -> ClusterReport:
     """:func:`toolkit.apply_patch` on every alive node of the Ray cluster at ``address`` (default: the one
     this process is connected to, else ``"auto"``); ``python``: the engine's interpreter on each node
     (default: the node's Ray worker's). Returns every node's row; raises :class:`ClusterPatchError` naming
@@ -125,16 +118,10 @@ def apply_patch_on_cluster(
     return _on_cluster("apply-patch", args, engine, python, address, node_timeout, wanted="applied")
 
 
-def revert_patch_on_cluster(
-    engine: str | None = None,
-    patches: Sequence[str] | None = None,
-    python: str | None = None,
-    *,
-    address: str | None = None,
-    force: bool = False,
-    lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
-    node_timeout: float = DEFAULT_NODE_TIMEOUT,
-) -> ClusterReport:
+def revert_patch_on_cluster(engine: str | None = None, patches: Sequence[str] | None = None, python: str | None = None,
+                            *, address: str | None = None, force: bool = False,
+                            lock_timeout: float = patching.DEFAULT_LOCK_TIMEOUT,
+                            node_timeout: float = DEFAULT_NODE_TIMEOUT) -> ClusterReport:
     """:func:`toolkit.revert_patch` (default: every patch) on every alive node, byte-for-byte; the same
     rows and errors as :func:`apply_patch_on_cluster`."""
     args = _selection_args(engine, patches, python, lock_timeout) + (["--force"] if force else [])
