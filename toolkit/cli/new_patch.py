@@ -16,7 +16,7 @@ from toolkit.kit import _scaffold as scaffold
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("new-patch", help="write a patch package of your own that passes its own tests")
     p.add_argument("name", help="the patch id, lowercase words joined by hyphens (my-fix -> toolkit-patch-my-fix)")
-    p.add_argument("--engine", required=True, choices=engines.NAMES, help="the engine the patch edits")
+    p.add_argument("--engine", required=True, choices=engines.ENGINE_NAMES, help="the engine the patch edits")
     p.add_argument("--dir", dest="directory", metavar="DIR",
                    help="where to write it, a new or empty folder (default: ./toolkit-patch-NAME)")
     add_output_options(p, "also list the files written")

@@ -110,7 +110,7 @@ def _add_python(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser, *, python: bool = True) -> None:
-    parser.add_argument("engine", nargs="?", choices=engines.NAMES, help="engine (default: every installed one)")
+    parser.add_argument("engine", nargs="?", choices=engines.ENGINE_NAMES, help="engine (default: every installed one)")
     if python:
         _add_python(parser)
     _add_output(parser)
@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, metavar="PATH_OR_NAME",
                    help="the model the server loads and whose tokenizer the checks use: a local folder or a "
                         "Hugging Face name")
-    p.add_argument("--engine", choices=engines.NAMES, help="default: the one installed")
+    p.add_argument("--engine", choices=engines.ENGINE_NAMES, help="default: the one installed")
     _add_python(p)
     p.add_argument("--server-arg", action="append", dest="server_args", default=[], metavar="ARG",
                    help="extra server argument, repeatable; write --server-arg=--flag for flags")
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
 
     p = sub.add_parser("matrix", help="every release of each engine line x every patch: anchors, golden, groups")
-    p.add_argument("engine", nargs="?", choices=engines.NAMES, help="engine (default: both)")
+    p.add_argument("engine", nargs="?", choices=engines.ENGINE_NAMES, help="engine (default: both)")
     _add_output(p)
     p.add_argument("--patch", action="append", dest="patches", metavar="ID", help="only this patch (repeatable)")
     p.add_argument("--release", action="append", dest="releases", metavar="DIST==VERSION",

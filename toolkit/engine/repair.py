@@ -28,7 +28,7 @@ from toolkit import patch_registry
 from toolkit.kit import _releases as releases
 from toolkit.base.cache_files import fresh_private_folder, restrict
 from toolkit.engine import fs
-from toolkit.base.engines import NAMES as ENGINE_NAMES
+from toolkit.base.engines import ENGINE_NAMES
 from toolkit.engine.discovery import STATE_DIRNAME, InstalledEngine, _normalize
 from toolkit.errors import CorruptManifest, PatchError, io_error
 from toolkit.engine.journal import FileChange, write_all_or_nothing
