@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 
 def engines_of(selection: Selection, python: str | None) -> list[InstalledEngine]:
     """The installed engines of ``python`` that ``selection`` is about."""
-    wanted = selection.engines()
-    return [e for e in find_engines(python) if e.engine in wanted]
+    return installed_of(selection.engines(), python)
+
+
+def installed_of(wanted: set[str] | None, python: str | None) -> list[InstalledEngine]:
+    """The installed engines of ``python`` among ``wanted`` (None: every one); reads no registry."""
+    return [e for e in find_engines(python) if wanted is None or e.engine in wanted]
 
 
 def installed_engines(selection: Selection, python: str | None, *,

@@ -9,6 +9,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+# the reading the codemod cache's key does (toolkit/engine/transform_cache.py), one function for both
+from toolkit.engine.transform_cache import imported_names
+
 REPO = Path(__file__).resolve().parents[2]
 # folder -> the import name it installs as (setup.py): one namespace, ``toolkit``
 PACKAGES = {"toolkit": "toolkit", "patches": "toolkit.patches", "verify": "toolkit.verify",
@@ -30,32 +33,13 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def _imported_names(tree: ast.AST, name: str, is_package: bool, known: dict) -> list[tuple[str, int]]:
-    out: list[tuple[str, int]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.extend((alias.name, node.lineno) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            # `from pkg import module` depends on pkg.module; `from pkg import name` on pkg itself
-            for alias in node.names:
-                submodule = f"{target}.{alias.name}"
-                out.append((submodule if submodule in known else target, node.lineno))
-    return out
-
-
 def edges() -> dict[str, dict[str, int]]:
     """module -> {imported module of ours: first line}, imports of other projects left out."""
     known = modules()
     graph: dict[str, dict[str, int]] = {name: {} for name in known}
     for name, path in known.items():
         tree = ast.parse(path.read_text(), str(path))
-        for target, line in _imported_names(tree, name, path.name == "__init__.py", known):
+        for target, line in imported_names(tree, name, path.name == "__init__.py", known.__contains__):
             if target in known and target != name:
                 graph[name].setdefault(target, line)
     return graph

@@ -181,7 +181,7 @@ def test_a_change_to_the_codemods_code_is_a_new_key(kept, parses, monkeypatch, t
 
 def test_the_key_holds_the_code_a_codemod_runs_and_only_that():
     """The key's files: each transformer's module, the engine's transform and guard, and every module of the
-    package they import (toolkit.codemod, toolkit.declare, ...), found with ast. Once the key covered
+    package they import (toolkit.codemod, the kit's _codemod and _declare behind it, ...), found with ast. Once the key covered
     toolkit/engine/ and patches/ alone, and an edit to toolkit/codemod.py read the old results; then it covered
     every file of the package, and an edit to the CLI computed every codemod of a test run again."""
     from toolkit import patch_registry
@@ -189,7 +189,7 @@ def test_the_key_holds_the_code_a_codemod_runs_and_only_that():
     for patch in patch_registry.registry():
         modules = sorted({t.__module__ for edit in patch.files for t in edit.load_transformers()})
         files = transform_cache.key_files(modules)
-        assert {*modules, "toolkit.codemod", "toolkit.declare", "toolkit.engine.transform",
+        assert {*modules, "toolkit.codemod", "toolkit.kit._codemod", "toolkit.kit._declare", "toolkit.engine.transform",
                 "toolkit.engine.guard"} <= files.keys(), (patch.id, sorted(files))
         assert not {"toolkit.cli", "toolkit.api", "toolkit.verify.run", "toolkit.engine.patching"} & files.keys()
         for name, path in files.items():

@@ -140,7 +140,7 @@ def cmd_repair(args: argparse.Namespace, console: Console) -> int:
     nothing = f"nothing to repair: no {args.engine or titles()} and no toolkit state for {where}"
     out.print_repair(console, results, nothing, args.verbose)
     if args.verbose:
-        for installed in api.engines_of(select(args.engine), args.python):  # the engines repaired
+        for installed in api.installed_of({args.engine} if args.engine else None, args.python):  # those repaired
             console.print(f"{installed.engine}: {installed.package_dir} (python {installed.python})",
                           markup=False, highlight=False)
     return 0

@@ -26,7 +26,7 @@ import pickle
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 from toolkit.engine import fs
 
@@ -53,33 +53,48 @@ _ENGINE_MODULES = ("toolkit.engine.transform", "toolkit.engine.guard", "toolkit.
 
 
 def _module_file(name: str) -> Path | None:
-    """The source file of module ``name`` of this package, or None (not a module: a name inside one)."""
+    """The source file of module ``name`` of this package, or None (not a module: a name inside one). Found
+    in the folders of its parent package, never by importing anything (a package's ``__init__`` runs code)."""
     module = sys.modules.get(name)
     path = getattr(module, "__file__", None) if module is not None else None
     if path is None:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError, AttributeError):
-            return None
-        path = spec.origin if spec is not None else None
+        parent, _, leaf = name.rpartition(".")
+        loaded = sys.modules.get(parent) if parent else None
+        if loaded is not None:
+            folders = list(getattr(loaded, "__path__", None) or [])
+        else:
+            parent_file = _module_file(parent) if parent else None
+            folders = [str(parent_file.parent)] if parent_file is not None and parent_file.name == "__init__.py" else []
+        candidates = [Path(f, leaf + ".py") for f in folders] + [Path(f, leaf, "__init__.py") for f in folders]
+        path = next((str(c) for c in candidates if c.is_file()), None)
     return Path(path).resolve() if path and path.endswith(".py") else None
+
+
+def imported_names(tree: ast.AST, name: str, is_package: bool, is_module: Callable[[str], bool]
+                   ) -> list[tuple[str, int]]:
+    """What module ``name``'s code (``tree``) imports, anywhere in it, each with its line: ``from pkg import
+    module`` names ``pkg.module`` (when ``is_module`` says it is one), ``from pkg import name`` names ``pkg``.
+    tests/architecture/import_graph.py builds the project's import graph with it too."""
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                out.append((submodule if is_module(submodule) else target, node.lineno))
+    return out
 
 
 def _imported(path: Path, name: str) -> set[str]:
     """The modules of this package that the module ``name`` at ``path`` imports, anywhere in its code."""
     tree = ast.parse(path.read_bytes(), str(path))
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            target = node.module or ""
-            if node.level:
-                base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-                target = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
-            for alias in node.names:  # `from pkg import module`: the module; `from pkg import name`: pkg
-                found.add(f"{target}.{alias.name}" if _module_file(f"{target}.{alias.name}") else target)
-    return {n for n in found if n.startswith("toolkit.")}
+    found = imported_names(tree, name, path.name == "__init__.py", lambda module: _module_file(module) is not None)
+    return {target for target, _ in found if target.startswith("toolkit.")}
 
 
 def key_files(modules: Sequence[str]) -> dict[str, Path]:

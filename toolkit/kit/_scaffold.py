@@ -313,7 +313,7 @@ def new_patch(name: str, engine: str, directory: Path | str | None = None) -> Pa
         raise UsageError(f"{folder} is not empty: choose a new or empty folder with --dir")
     target = TARGETS[engine]
     package = package_of(name)
-    values = dict(asdict(target), name=name, engine=engine, distribution=distribution_of(name), package=package,
+    values = dict(asdict(target), title=target.title, name=name, engine=engine, distribution=distribution_of(name), package=package,
                   alias="_toolkit_" + name.replace("-", "_"), toolkit_version=__version__)
     # Written beside the folder, then renamed onto it, with Ctrl-C held to the points between files: a
     # signal or a full disk midway leaves no half skeleton, which the next run would refuse as "not
