@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
+from toolkit.base.engines import ENGINE_NAMES
 from toolkit.engine import patching
 from toolkit.engine import interrupts
 from toolkit.engine.discovery import InstalledEngine, find_engines, interpreter
@@ -61,7 +62,7 @@ def check_patches_arg(patches: Sequence[str] | None) -> None:
 def check_engine_arg(engine: object) -> None:
     """Before anything looks the engine up (an unhashable value would fail inside, as a TypeError)."""
     if engine is not None and not isinstance(engine, str):
-        raise UsageError(f"engine must be 'vllm', 'sglang' or None, not {engine!r}")
+        raise UsageError(f"engine must be {', '.join(map(repr, ENGINE_NAMES))} or None, not {engine!r}")
 
 
 def python_arg(python: object) -> str | None:

@@ -62,11 +62,11 @@ def _owner_first(origin: Path, claims: list[tuple[str, str, Path]]) -> list[tupl
     import importlib.metadata
 
     if len(claims) > 1:
-        engine, package = DISTRIBUTIONS[claims[0][0]].name, DISTRIBUTIONS[claims[0][0]].package
-        rivals = [c for c in claims if DISTRIBUTIONS[c[0]].name == engine]
+        served = DISTRIBUTIONS[claims[0][0]]
+        rivals = [c for c in claims if DISTRIBUTIONS[c[0]] == served]
         dists: list[tuple[str, importlib.metadata.Distribution]] = [
             (name, importlib.metadata.PathDistribution(info)) for name, _, info in rivals]
-        first = rivals[dists.index(owning_distribution(origin / package, engine, dists))]
+        first = rivals[dists.index(owning_distribution(origin / served.package, served.name, dists))]
         claims = [first] + [c for c in claims if c is not first]
     return [(name, version) for name, version, _ in claims]
 
@@ -90,7 +90,8 @@ def _named_release(path: str | Path, release: tuple[str, str]) -> SourceTree:
     dist, version = release
     if _normalize(dist) not in DISTRIBUTIONS or not version:
         raise UsageError(f"{dist}=={version}: not a {titles()} release")
-    engine, package = DISTRIBUTIONS[_normalize(dist)].name, DISTRIBUTIONS[_normalize(dist)].package
+    served = DISTRIBUTIONS[_normalize(dist)]
+    engine, package = served.name, served.package
     origin = Path(path).resolve()
     if origin.is_file() and origin.suffix == ".whl":
         raise UsageError(f"{path}: a wheel names its own release; --release is for a folder without metadata")
@@ -127,8 +128,8 @@ def _load_source(path: str | Path) -> SourceTree:
                 if name in DISTRIBUTIONS and DISTRIBUTIONS[name].package == origin.name:
                     beside.append((name, version, meta.parent))
             for name, version in _owner_first(origin.parent, beside)[:1]:
-                engine, package = DISTRIBUTIONS[name].name, DISTRIBUTIONS[name].package
-                return SourceTree(engine, name, version, origin.parent, package)
+                served = DISTRIBUTIONS[name]
+                return SourceTree(served.name, name, version, origin.parent, served.package)
         claims = []
         for meta in sorted(origin.glob("*.dist-info/METADATA")):
             name, version = _metadata(meta.read_bytes(), str(meta))
@@ -137,7 +138,7 @@ def _load_source(path: str | Path) -> SourceTree:
         candidates.extend(_owner_first(origin, claims))
     for name, version in candidates:
         if name in DISTRIBUTIONS:
-            engine, package = DISTRIBUTIONS[name].name, DISTRIBUTIONS[name].package
-            return SourceTree(engine, name, version, origin, package)
+            served = DISTRIBUTIONS[name]
+            return SourceTree(served.name, name, version, origin, served.package)
     raise UsageError(f"{path}: no {titles()} distribution metadata found (a *.dist-info/METADATA beside the "
                      "package); for a folder without it, name the release: --release DIST==VERSION")
